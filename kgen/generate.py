@@ -1,0 +1,66 @@
+"""Spec → outputs in memory: lower each variant, render its template, prepend the header."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+from kgen.emit import Output, header, spec_sha256
+from kgen.ops import OPS
+from kgen.render import render, templates_sha256
+from kgen.spec import Spec, load_spec
+
+
+def width_proofs(plan) -> list[str]:
+    """Header lines recording each address expression's int width and its proven bound."""
+    maxima = ", ".join(f"{n} <= {m}" for n, m, _ in plan.runtime_dims)
+    lines = [f"Index widths, proven at the declared maxima ({maxima}):"]
+    lines += [f"  {w.name}: {w.reason}" for w in plan.widths]
+    return lines
+
+
+def project_path(spec: Spec, root: Path) -> str:
+    """The spec's path relative to the project root: what headers and the lock record, so the
+    output does not depend on the directory kgen was started from."""
+    try:
+        return Path(spec.path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return Path(spec.path).name
+
+
+def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
+    op = OPS[spec.op]
+    source_path = project_path(spec, root)
+    spec_sha = spec_sha256(spec.normalized)
+    tmpl_sha = templates_sha256([op.TEMPLATE])
+    outputs = []
+    for variant in op.variants(spec):
+        plan = op.lower(spec, variant)
+        source = render(op.TEMPLATE, {"p": plan}, f"{spec.path}, variant {variant.name}")
+        text = header(source_path, variant.name, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
+        outputs.append(Output(f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha))
+    return outputs
+
+
+def find_specs(root: Path) -> list[Path]:
+    return sorted((root / "specs").glob("*.yaml"))
+
+
+def load_all(paths: list[str] | None, root: Path) -> list[Spec]:
+    """The named specs, or every spec under specs/; duplicate spec names are an error."""
+    from kgen.errors import SpecError
+
+    files = [Path(p) for p in paths] if paths else find_specs(root)
+    if not files:
+        raise SpecError(str(root / "specs"), None, "", "no spec files (*.yaml) found")
+    specs = [load_spec(f) for f in files]
+    seen: dict[str, str] = {}
+    for s in specs:
+        if s.name in seen:
+            raise SpecError(s.path, 1, "name", f"spec name {s.name!r} is also used by {seen[s.name]}")
+        seen[s.name] = s.path
+    return specs
+
+
+def plan_dict(plan) -> dict:
+    return asdict(plan) if is_dataclass(plan) else dict(plan)

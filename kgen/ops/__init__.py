@@ -1,0 +1,16 @@
+"""Operator families. Each module lowers a Spec to per-variant plans its templates render.
+
+An operator module provides:
+  backends                      backends it can generate for
+  parse_options(root, dims, axes)  its own spec sections (schedule, masking, validation)
+  check_spec(spec, root)        the contract its semantics impose on dims and tensors
+  variants(spec)                the Variant list (readable names)
+  lower(spec, variant)          a plan: plain data with every number and printed expression
+  TEMPLATE                      the template that renders a plan
+"""
+
+from __future__ import annotations
+
+from kgen.ops import msda
+
+OPS = {"msda_forward": msda}

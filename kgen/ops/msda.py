@@ -1,0 +1,332 @@
+"""Multi-scale deformable attention, forward (operators.md §1), lowered for Triton.
+
+Tiling (the query-block design): one program owns BLOCK_Q consecutive queries of one
+(batch, head) pair and all L·K sampling points of each, accumulating a (BLOCK_Q, BLOCK_D) fp32
+tile in registers. Sampling parameters load coalesced over the query block; each corner gather
+reads a contiguous D-channel row of `value`.
+
+Everything the kernel computes an address from is derived here from the spec's dims and layouts
+with sympy; the template only receives printed expressions and numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import sympy
+
+from kgen.algebra import (
+    FloorDiv,
+    IndexWidth,
+    Mod,
+    PythonPrinter,
+    Range,
+    TensorLayout,
+    TritonPrinter,
+    decide_width,
+    index_symbol,
+)
+from kgen.errors import SpecError
+from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tolerances
+from kgen.spec import reader as r
+from kgen.spec.model import Dim, Spec, Variant
+
+backends = ("triton",)
+TEMPLATE = "triton/msda_fwd.py.jinja"
+
+# The operator's contract: logical shapes (any memory order may be declared for inputs).
+RUNTIME_DIMS = ("B", "Q", "S")
+CONST_DIMS = ("M", "D", "L", "K")
+CONTRACT = {
+    "value": ("B", "S", "M", "D"),
+    "spatial_shapes": ("L", 2),
+    "level_start_index": ("L",),
+    "sampling_locations": ("B", "Q", "M", "L", "K", 2),
+    "attention_weights": ("B", "Q", "M", "L", "K"),
+    "output": ("B", "Q", "M", "D"),
+}
+FLOAT_TENSORS = ("value", "sampling_locations", "attention_weights", "output")
+INDEX_TENSORS = ("spatial_shapes", "level_start_index")
+GRID_Y_LIMIT = 65535  # CUDA's limit on grid dimension 1 (one program row per (batch, head))
+
+
+# ---- spec sections ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    block_q: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validation problem: sizes, level shapes, and the range locations are drawn from."""
+
+    batch: int
+    queries: int
+    spatial_shapes: tuple[tuple[int, int], ...]
+    locations: tuple[float, float]
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Options:
+    schedule: Schedule
+    padding: str
+    tolerances: Mapping[str, Tolerance]
+    cpu_cases: tuple[Case, ...]
+    gpu_cases: tuple[Case, ...]
+
+
+def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, tuple]) -> Options:
+    sched = root.section("schedule")
+    schedule = Schedule(
+        block_q=sched.get("block_q", r.power_of_two(8, 256)),
+        num_warps=sched.get("num_warps", r.power_of_two(1, 16)),
+        num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
+    )
+    sched.finish()
+
+    masking = root.section("masking")
+    # grid_sample's padding_mode; ragged query tails and head-dim padding are derived from dims.
+    padding = masking.get("out_of_image", r.one_of("zeros"))
+    masking.finish()
+
+    val = root.section("validation")
+    dtypes = tuple(axes.get("dtype", ()))
+    tolerances = parse_tolerances(val.section("tolerances"), dtypes)
+    cpu_cases = tuple(_parse_case(c) for c in val.items_of("cpu_cases"))
+    gpu_cases = tuple(_parse_case(c) for c in val.items_of("gpu_cases"))
+    if not cpu_cases:
+        raise val.error("cpu_cases", "required: at least one case for the CPU (interpreter) tier")
+    val.finish()
+    return Options(schedule, padding, tolerances, cpu_cases, gpu_cases)
+
+
+def _parse_case(section: r.Section) -> Case:
+    def level_shape(value: Any) -> tuple[int, int]:
+        return r.list_of(r.integer(1, 2**20))(value) if isinstance(value, list) and len(value) == 2 else _bad(value)
+
+    def _bad(value: Any):
+        raise r.Invalid(f"expected [height, width], got {value!r}")
+
+    lo, hi = section.get("locations", r.list_of(r.number(), min_len=2), default=(-0.2, 1.2))[:2]
+    case = Case(
+        batch=section.get("batch", r.integer(0)),
+        queries=section.get("queries", r.integer(0)),
+        spatial_shapes=section.get("spatial_shapes", r.list_of(level_shape, min_len=1)),
+        locations=(lo, hi),
+        line=section.line,
+    )
+    section.finish()
+    return case
+
+
+def check_spec(spec: Spec, root: r.Section) -> None:
+    """The operator's semantics fix which dims and tensors exist and what they are."""
+    for name in RUNTIME_DIMS + CONST_DIMS:
+        if name not in spec.dims:
+            raise SpecError(spec.path, root.line_of("dims"), f"dims.{name}", "required by msda_forward")
+        runtime = spec.dims[name].is_runtime
+        if runtime != (name in RUNTIME_DIMS):
+            kind = "a run-time size (max)" if name in RUNTIME_DIMS else "a compile-time constant (value)"
+            raise SpecError(spec.path, root.line_of("dims"), f"dims.{name}", f"expected {kind}")
+    for name, shape in CONTRACT.items():
+        t = spec.tensors.get(name)
+        if t is None:
+            raise SpecError(spec.path, root.line_of("tensors"), f"tensors.{name}", "required by msda_forward")
+        if t.shape != shape:
+            raise SpecError(spec.path, t.line, f"tensors.{name}.shape", f"expected {list(shape)}, got {list(t.shape)}")
+        want_role = "output" if name == "output" else "input"
+        if t.role != want_role:
+            raise SpecError(spec.path, t.line, f"tensors.{name}.role", f"expected {want_role}, got {t.role}")
+    for name in FLOAT_TENSORS:
+        if spec.tensors[name].dtype != "dtype":
+            raise SpecError(spec.path, spec.tensors[name].line, f"tensors.{name}.dtype", "expected the variant axis 'dtype'")
+    for name in INDEX_TENSORS:
+        if spec.tensors[name].dtype != "int64":
+            raise SpecError(spec.path, spec.tensors[name].line, f"tensors.{name}.dtype", "expected int64")
+    if "dtype" not in dict(spec.axes):
+        raise SpecError(spec.path, root.line_of("variants"), "variants.axes.dtype", "required: the element types to emit")
+    if spec.tensors["output"].order != tuple(range(4)):
+        raise SpecError(spec.path, spec.tensors["output"].line, "tensors.output.layout", "the output is returned as (B, Q, M*D): expected row-major")
+    for point in spec.variant_points():
+        consts = spec.constants(point)
+        for case in spec.options.cpu_cases + spec.options.gpu_cases:
+            if len(case.spatial_shapes) != consts["L"]:
+                raise SpecError(spec.path, case.line, "validation.spatial_shapes", f"expected {consts['L']} levels (L), got {len(case.spatial_shapes)}")
+        lower(spec, Variant(variant_name(spec, point), point))  # constraint proofs run at load time
+
+
+# ---- variants ---------------------------------------------------------------------------------
+
+
+def variant_name(spec: Spec, point: Mapping[str, Any]) -> str:
+    """A name that encodes every axis and constant, e.g. msda_fwd_bf16_m8_d32_l4_k4."""
+    c = spec.constants(point)
+    return f"{spec.name}_fwd_{SHORT_DTYPE[point['dtype']]}_m{c['M']}_d{c['D']}_l{c['L']}_k{c['K']}"
+
+
+def variants(spec: Spec) -> list[Variant]:
+    return [Variant(variant_name(spec, p), p) for p in spec.variant_points()]
+
+
+# ---- lowering ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorCheck:
+    """What the wrapper checks about one tensor argument (shape, dtype, strides)."""
+
+    name: str
+    shape: str  # tuple literal of ints and dim names, e.g. ("B", "S", 8, 32)
+    dtype: str
+    strides: str  # tuple of Python expressions over the bound sizes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the MSDA template renders, derived from the spec."""
+
+    spec_name: str
+    variant: str
+    kernel: str
+    dtype: str
+    torch_dtype: str
+    heads: int
+    head_dim: int
+    levels: int
+    points: int
+    block_q: int
+    block_d: int
+    num_warps: int
+    num_stages: int
+    query_mask: bool
+    channel_mask: bool
+    runtime_dims: tuple[tuple[str, int, str], ...]  # (name, declared max, doc)
+    checks: tuple[TensorCheck, ...]
+    expr: Mapping[str, str]  # printed index expressions, by name
+    widths: tuple[IndexWidth, ...]
+    facts: tuple[Fact, ...]
+
+
+def lower(spec: Spec, variant: Variant) -> Plan:
+    opts: Options = spec.options
+    consts = spec.constants(variant.values)
+    M, D, L, K = (consts[n] for n in CONST_DIMS)
+    maxima = {n: spec.dims[n].max for n in RUNTIME_DIMS}
+    block_q = opts.schedule.block_q
+    block_d = 1 << (D - 1).bit_length()  # tl.arange needs a power of two
+
+    sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
+    fold = {sym[n]: consts[n] for n in CONST_DIMS}
+    layouts = {
+        name: TensorLayout(name, [sym[s] if isinstance(s, str) else s for s in t.shape], t.order, _axis_names(t.shape)).substitute(fold)
+        for name, t in spec.tensors.items()
+    }
+
+    # Index symbols of the kernel and the ranges the proofs use.
+    b, m, q, d, pix, pid_bm = (index_symbol(n) for n in ("b", "m", "q", "d", "pixel", "pid_bm"))
+    q_hi = maxima["Q"] + block_q - 2  # masked lanes of the last block still form addresses
+    ranges = {
+        sym["B"]: Range(1, maxima["B"], "declared max of B"),
+        sym["Q"]: Range(1, maxima["Q"], "declared max of Q"),
+        sym["S"]: Range(1, maxima["S"], "declared max of S"),
+        pid_bm: Range(0, maxima["B"] * M - 1, "grid axis 1 enumerates (batch, head) pairs"),
+        b: Range(0, maxima["B"] - 1, "pid_bm // M"),
+        m: Range(0, M - 1, "pid_bm % M"),
+        q: Range(0, q_hi, "query block rows, masked lanes included"),
+        d: Range(0, block_d - 1, "channel lanes, masked lanes included"),
+        pix: Range(
+            -2 * maxima["S"] - 2,
+            2 * maxima["S"],
+            "level_start + y0*W + x0 with x0 in [-2, W], y0 in [-2, H] (clamped) and level_start + H*W <= S",
+        ),
+    }
+    triton = TritonPrinter(ranges)
+    host = PythonPrinter()
+
+    widths: list[IndexWidth] = []
+
+    def address(name: str, expr: sympy.Expr, names: Mapping[sympy.Symbol, str] | None = None) -> str:
+        width = decide_width(name, expr, ranges)
+        widths.append(width)
+        printer = TritonPrinter(ranges, names, bits=width.bits)
+        return printer(expr)
+
+    vals, locs, wts, out = (layouts[n] for n in ("value", "sampling_locations", "attention_weights", "output"))
+    lvl, k_, c_ = sympy.Symbol("l", integer=True), sympy.Symbol("k", integer=True), sympy.Integer
+    expr = {
+        "b": triton(FloorDiv(pid_bm, M)),
+        "m": triton(Mod(pid_bm, M)),
+        "value_base": address("value_base", vals.offset(B=b, M=m)),
+        "loc_base": address("loc_base", locs.offset(B=b, Q=q, M=m)),
+        "weight_base": address("weight_base", wts.offset(B=b, Q=q, M=m)),
+        "gather": address("gather", vals.offset(S=pix, D=d), {pix: "pixel[:, None]", d: "d[None, :]"}),
+        "out": address("out", out.offset(B=b, Q=q, M=m, D=d), {q: "q[:, None]", d: "d[None, :]"}),
+        # Offsets that only involve the unrolled level/point indices are compile-time ints.
+        "loc_x": host(locs.offset(L=lvl, K=k_, axis5=c_(0))),
+        "loc_y": host(locs.offset(L=lvl, K=k_, axis5=c_(1))),
+        "weight_point": host(wts.offset(L=lvl, K=k_)),
+        "level_h": host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(0))),
+        "level_w": host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(1))),
+        "level_start": host(layouts["level_start_index"].offset(L=lvl)),
+    }
+
+    # Proofs about the launch: the grid fits, and every level start fits the int32 coordinates.
+    if maxima["B"] * M > GRID_Y_LIMIT:
+        raise SpecError(spec.path, None, "dims.B.max", f"B*M = {maxima['B'] * M} programs on grid axis 1 exceeds CUDA's {GRID_Y_LIMIT}; lower B's max to at most {GRID_Y_LIMIT // M}")
+    if 2 * maxima["S"] + 2 > 2**31 - 1:
+        raise SpecError(spec.path, None, "dims.S.max", "pixel coordinates are computed in int32; S's max must stay below 2^30")
+
+    runtime_dims = tuple((n, maxima[n], spec.dims[n].doc) for n in RUNTIME_DIMS)
+    checks = tuple(_tensor_check(name, spec, variant, layouts[name], host) for name in CONTRACT if name != "output")
+    query_mask = spec.dims["Q"].multiple_of % block_q != 0
+    channel_mask = block_d != D
+    facts = (
+        Fact("BLOCK_Q", str(block_q), "schedule.block_q"),
+        Fact("BLOCK_D", str(block_d), f"next power of two >= D={D} (tl.arange needs a power of two)"),
+        Fact("grid", f"(cdiv(Q, {block_q}), B*{M})", f"axis 1 at most {maxima['B'] * M} <= {GRID_Y_LIMIT}"),
+        Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q={block_q}"),
+        Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
+        Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
+    ) + tuple(Fact(f"range {s}", f"[{rg.lo}, {rg.hi}]", rg.why) for s, rg in ranges.items())
+
+    return Plan(
+        spec_name=spec.name,
+        variant=variant.name,
+        kernel=f"_{variant.name}_kernel",
+        dtype=variant.values["dtype"],
+        torch_dtype=TORCH_DTYPE[variant.values["dtype"]],
+        heads=M,
+        head_dim=D,
+        levels=L,
+        points=K,
+        block_q=block_q,
+        block_d=block_d,
+        num_warps=opts.schedule.num_warps,
+        num_stages=opts.schedule.num_stages,
+        query_mask=query_mask,
+        channel_mask=channel_mask,
+        runtime_dims=runtime_dims,
+        checks=checks,
+        expr=expr,
+        widths=tuple(widths),
+        facts=facts,
+    )
+
+
+def _axis_names(shape: tuple) -> list[str]:
+    """Dim names for symbolic axes; `axis<i>` for literal-size axes such as the (x, y) pair."""
+    return [s if isinstance(s, str) else f"axis{i}" for i, s in enumerate(shape)]
+
+
+def _tensor_check(name: str, spec: Spec, variant: Variant, layout: TensorLayout, host: PythonPrinter) -> TensorCheck:
+    consts = spec.constants(variant.values)
+    shape = tuple(consts.get(s, s) if isinstance(s, str) else s for s in spec.tensors[name].shape)
+    shown = "(" + ", ".join(repr(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    strides = "(" + ", ".join(host(s) for s in layout.strides) + ("," if len(shape) == 1 else "") + ")"
+    return TensorCheck(name, shown, TORCH_DTYPE[spec.dtype_of(name, variant.values)], strides)

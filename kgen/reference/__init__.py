@@ -1,0 +1,1 @@
+"""PyTorch reference implementations, one module per operator (readable, slow is fine)."""

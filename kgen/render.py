@@ -1,0 +1,63 @@
+"""Strict Jinja rendering, then `ast.parse` and pinned black formatting (byte-stable output)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import black
+import jinja2
+
+from kgen.errors import KgenError
+from kgen.toolchain import LINE_LENGTH
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+_ENV = _environment()
+
+
+def render(template: str, context: dict[str, Any], origin: str) -> str:
+    """Render `template`, check it parses as Python, format it. `origin` names the spec/variant."""
+    try:
+        source = _ENV.get_template(template).render(**context)
+    except jinja2.TemplateError as err:
+        raise KgenError(f"{_template_location(template, err)}: {err} (rendering {origin})") from None
+    try:
+        ast.parse(source)
+    except SyntaxError as err:
+        raise KgenError(f"templates/{template} rendered invalid Python for {origin}: line {err.lineno}: {err.msg}") from None
+    return black.format_str(source, mode=black.Mode(line_length=LINE_LENGTH))
+
+
+def templates_sha256(templates: Iterable[str]) -> str:
+    """One hash over the named templates' bytes (names included, sorted)."""
+    digest = hashlib.sha256()
+    for name in sorted(set(templates)):
+        digest.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _template_location(template: str, err: Exception) -> str:
+    """templates/<file>:<line> of the failing template statement, found in the traceback."""
+    line = getattr(err, "lineno", None)
+    tb = sys.exc_info()[2]
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(".jinja"):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"templates/{template}:{line}" if line else f"templates/{template}"

@@ -1,0 +1,164 @@
+"""Spec loading: YAML (safe, located, strict) into the typed model of `kgen.spec.model`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kgen.errors import SpecError
+from kgen.spec import reader as r
+from kgen.spec.model import DTYPES, FLOAT_DTYPES, Dim, Spec, TensorSpec
+from kgen.spec.yaml_loc import load_located
+
+__all__ = ["load_spec", "display_path", "Spec"]
+
+# Real sizes stay far below this; larger declared maxima are almost surely typos.
+_MAX_DECLARED = 2**62
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """The path as a user would type it: relative to the working directory when inside it."""
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Read, validate and freeze one spec file; every error is a SpecError with file:line."""
+    from kgen.ops import OPS  # the operator registry imports the spec model; import it late
+
+    shown = display_path(path)
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(shown, None, "", f"cannot read spec: {err}") from None
+    data = load_located(source, shown)
+    root = r.Section(data, shown, "", 1)
+
+    name = root.get("name", r.name)
+    op_name = root.get("op", r.one_of(*sorted(OPS)))
+    op = OPS[op_name]
+    backend = root.get("backend", r.one_of(*op.backends))
+    doc = root.get("doc", r.text, default="")
+    dims = _parse_dims(root.section("dims"))
+    axes, exclude = _parse_variants(root.section("variants"), dims)
+    tensors = _parse_tensors(root.section("tensors"), dims, axes)
+    options = op.parse_options(root, dims, dict(axes))
+    root.finish()
+
+    spec = Spec(
+        path=shown,
+        name=name,
+        op=op_name,
+        backend=backend,
+        doc=doc,
+        dims=dims,
+        tensors=tensors,
+        axes=axes,
+        exclude=exclude,
+        options=options,
+        normalized=json.dumps(data, sort_keys=True, separators=(",", ":")),
+    )
+    op.check_spec(spec, root)
+    if not spec.variant_points():
+        raise SpecError(shown, root.line_of("variants"), "variants", "the exclusions leave no variant to emit")
+    return spec
+
+
+def _parse_dims(section: r.Section) -> dict[str, Dim]:
+    dims = {}
+    for key, raw, line in section.entries():
+        if not key.isidentifier():
+            raise section.error(key, "expected a dim name (a Python identifier)")
+        entry = r.Section(raw, section.path, section.child_field(key), getattr(raw, "line", line))
+        value = entry.get("value", r.integer(1, _MAX_DECLARED), default=None)
+        maximum = entry.get("max", r.integer(1, _MAX_DECLARED), default=None)
+        multiple_of = entry.get("multiple_of", r.integer(1, _MAX_DECLARED), default=1)
+        doc = entry.get("doc", r.text, default="")
+        entry.finish()
+        if value is not None and maximum is not None:
+            raise entry.error("max", "a dim is either a constant (value) or a run-time size (max), not both")
+        if multiple_of != 1 and maximum is None:
+            raise entry.error("multiple_of", "only run-time sizes (with max) take multiple_of")
+        dims[key] = Dim(key, doc, value, maximum, multiple_of)
+    if not dims:
+        raise r.SpecError(section.path, section.line, section.field, "expected at least one dim")
+    return dims
+
+
+def _parse_variants(section: r.Section, dims: dict[str, Dim]) -> tuple[tuple, tuple]:
+    axes_section = section.section("axes")
+    axes = []
+    for key, raw, line in axes_section.entries():
+        field = axes_section.child_field(key)
+        if key == "dtype":
+            check = r.list_of(r.one_of(*FLOAT_DTYPES), min_len=1)
+        elif key in dims and not dims[key].is_runtime:
+            check = r.list_of(r.integer(1, _MAX_DECLARED), min_len=1)
+        else:
+            consts = ", ".join(d.name for d in dims.values() if not d.is_runtime)
+            raise r.SpecError(section.path, line, field, f"expected 'dtype' or a constant dim ({consts})")
+        try:
+            values = check(raw)
+        except r.Invalid as err:
+            raise r.SpecError(section.path, line, field, str(err)) from None
+        if len(set(values)) != len(values):
+            raise r.SpecError(section.path, line, field, f"repeated value in {list(values)}")
+        axes.append((key, values))
+    axis_values = dict(axes)
+    for dim in dims.values():
+        if not dim.is_runtime and dim.value is None and dim.name not in axis_values:
+            raise r.SpecError(
+                section.path, section.line, f"dims.{dim.name}", "needs a value, a max, or a variant axis"
+            )
+    exclude = []
+    for item in section.items_of("exclude"):
+        rule = {}
+        for key, raw, line in item.entries():
+            if key not in axis_values:
+                raise item.error(key, f"not a variant axis (axes: {', '.join(axis_values)})")
+            if raw not in axis_values[key]:
+                raise item.error(key, f"expected one of the axis values {list(axis_values[key])}, got {raw!r}")
+            rule[key] = raw
+        exclude.append(rule)
+    section.finish()
+    return tuple(axes), tuple(exclude)
+
+
+def _parse_tensors(section: r.Section, dims: dict[str, Dim], axes: tuple) -> dict[str, TensorSpec]:
+    axis_names = {name for name, _ in axes}
+    tensors = {}
+
+    def shape_item(value: Any) -> str | int:
+        if isinstance(value, str) and value in dims:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        raise r.Invalid(f"expected a dim name ({', '.join(dims)}) or a positive integer, got {value!r}")
+
+    def dtype_name(value: Any) -> str:
+        if value in DTYPES or value in axis_names:
+            return value
+        raise r.Invalid(f"expected an element type ({', '.join(DTYPES)}) or a variant axis, got {value!r}")
+
+    for key, raw, line in section.entries():
+        entry = r.Section(raw, section.path, section.child_field(key), getattr(raw, "line", line))
+        shape = entry.get("shape", r.list_of(shape_item, min_len=1))
+        dtype = entry.get("dtype", dtype_name)
+        order = entry.get("layout", r.list_of(shape_item), default=None)
+        role = entry.get("role", r.one_of("input", "output"), default="input")
+        entry.finish()
+        if order is None:
+            axes_order = tuple(range(len(shape)))
+        else:
+            # A layout lists the shape's dim names from outermost to innermost in memory.
+            if sorted(map(str, order)) != sorted(map(str, shape)) or len(set(map(str, shape))) != len(shape):
+                raise entry.error("layout", f"expected a permutation of the shape {list(shape)}, got {list(order)}")
+            axes_order = tuple(shape.index(o) for o in order)
+        tensors[key] = TensorSpec(key, shape, dtype, axes_order, role, line)
+    section.finish()
+    return tensors
