@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kgen.emit import Output, header, spec_sha256
 from kgen.ops import OPS
-from kgen.render import render, templates_sha256
+from kgen.render import render, templates_dir, templates_sha256
 from kgen.spec import Spec, load_spec
 
 
@@ -32,11 +32,12 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
     op = OPS[spec.op]
     source_path = project_path(spec, root)
     spec_sha = spec_sha256(spec.normalized)
-    tmpl_sha = templates_sha256([op.TEMPLATE])
+    directory = templates_dir(root)
+    tmpl_sha = templates_sha256([op.TEMPLATE], directory)
     outputs = []
     for variant in op.variants(spec):
         plan = op.lower(spec, variant)
-        source = render(op.TEMPLATE, {"p": plan}, f"{spec.path}, variant {variant.name}")
+        source = render(op.TEMPLATE, {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
         text = header(source_path, variant.name, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
         outputs.append(Output(f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha))
     return outputs

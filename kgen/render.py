@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import sys
 from pathlib import Path
@@ -14,12 +15,18 @@ import jinja2
 from kgen.errors import KgenError
 from kgen.toolchain import LINE_LENGTH
 
+# kgen's own templates; a project root with a templates/ folder of its own uses that instead.
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
-def _environment() -> jinja2.Environment:
+def templates_dir(root: Path) -> Path:
+    return root / "templates" if (root / "templates").is_dir() else TEMPLATES_DIR
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(directory: Path) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        loader=jinja2.FileSystemLoader(directory),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -28,13 +35,10 @@ def _environment() -> jinja2.Environment:
     )
 
 
-_ENV = _environment()
-
-
-def render(template: str, context: dict[str, Any], origin: str) -> str:
+def render(template: str, context: dict[str, Any], origin: str, directory: Path = TEMPLATES_DIR) -> str:
     """Render `template`, check it parses as Python, format it. `origin` names the spec/variant."""
     try:
-        source = _ENV.get_template(template).render(**context)
+        source = _environment(directory.resolve()).get_template(template).render(**context)
     except jinja2.TemplateError as err:
         raise KgenError(f"{_template_location(template, err)}: {err} (rendering {origin})") from None
     try:
@@ -44,11 +48,11 @@ def render(template: str, context: dict[str, Any], origin: str) -> str:
     return black.format_str(source, mode=black.Mode(line_length=LINE_LENGTH))
 
 
-def templates_sha256(templates: Iterable[str]) -> str:
+def templates_sha256(templates: Iterable[str], directory: Path = TEMPLATES_DIR) -> str:
     """One hash over the named templates' bytes (names included, sorted)."""
     digest = hashlib.sha256()
     for name in sorted(set(templates)):
-        digest.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (directory / name).read_bytes() + b"\0")
     return digest.hexdigest()
 
 

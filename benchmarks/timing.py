@@ -1,0 +1,58 @@
+"""GPU timing as design.md prescribes: device time with a cold L2, plus do_bench's median.
+
+Cold L2: a CUDA graph holds 20 copies of (zero a 256 MB buffer, which evicts the 60 MB L2; then
+the call). Replaying it ~15 times and taking the median per copy, minus the same graph with the
+flushes alone, gives the call's device time without host overhead and without a warm cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import triton
+
+COPY_CEILING_TBPS = 4.29  # measured device-to-device copy, read + write, H200 (design.md)
+
+
+def _graph_time_us(fn, copies: int, replays: int) -> float:
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up outside capture (allocations, autotuning, compilation)
+            flush.zero_()
+            if fn is not None:
+                fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(copies):
+            flush.zero_()
+            if fn is not None:
+                fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / copies)
+    del graph
+    return statistics.median(samples)
+
+
+def cold_l2_us(fn, copies: int = 20, replays: int = 15) -> float:
+    """Median device time of one call with a cold L2, in microseconds."""
+    return max(_graph_time_us(fn, copies, replays) - _graph_time_us(None, copies, replays), 0.0)
+
+
+def do_bench_us(fn) -> float:
+    """triton.testing.do_bench's median (includes host launch overhead), in microseconds."""
+    return triton.testing.do_bench(fn, return_mode="median") * 1000
+
+
+def bandwidth_fraction(nbytes: int, us: float) -> float:
+    return nbytes / (us * 1e-6) / (COPY_CEILING_TBPS * 1e12) if us > 0 else float("nan")
