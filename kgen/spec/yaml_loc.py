@@ -46,8 +46,13 @@ def load_located(text: str, path: str) -> Any:
     return _convert(node, loader, path, "")
 
 
+_CORE_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
+
+
 def _convert(node: yaml.Node, loader: yaml.SafeLoader, path: str, field: str) -> Any:
     line = node.start_mark.line + 1
+    if not isinstance(node, yaml.ScalarNode) and node.tag not in _CORE_TAGS:
+        raise SpecError(path, line, field, f"invalid value: YAML tag {node.tag} is not allowed in specs")
     if isinstance(node, yaml.MappingNode):
         out = LocDict()
         out.line, out.key_lines = line, {}

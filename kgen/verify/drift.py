@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+from kgen.verify.static import jit_global_problems
 from kgen.emit import LOCK_NAME, Output, lock_text, plan_lock, read_lock
 
 
@@ -21,7 +21,7 @@ def drift_problems(generated: Path, outputs: list[Output], spec_paths: list[str]
         if on_disk != out.text:
             problems.append(f"{_show(path)}: differs from what {out.spec} generates now")
         try:
-            ast.parse(on_disk)
+            problems += jit_global_problems(on_disk, _show(path))
         except SyntaxError as err:
             problems.append(f"{_show(path)}:{err.lineno}: not valid Python: {err.msg}")
     old = read_lock(generated)

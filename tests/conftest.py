@@ -1,0 +1,38 @@
+"""Shared test setup. Generated Triton kernels run under the interpreter on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Must precede any import of triton (generated modules import it).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_kgen(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the CLI as users do, in a subprocess (exit status, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "kgen", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"kgen_test_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the project's specs, templates and generated output to modify freely."""
+    for folder in ("specs", "templates", "generated"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    return tmp_path

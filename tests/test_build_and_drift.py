@@ -1,0 +1,133 @@
+"""kgen build / verify on a copy of the project: drift detection, lock, stale removal, atomicity."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+import tomllib
+
+from conftest import ROOT, run_kgen
+from kgen.toolchain import GENERATOR_PINS
+
+VARIANT = "generated/msda/msda_fwd_f16_m8_d48_l4_k4.py"
+
+
+def test_checked_in_output_is_in_sync():
+    proc = run_kgen("verify", "--no-numerics")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "drift: ok" in proc.stdout
+
+
+def test_rebuild_writes_nothing(project):
+    before = {p: p.stat().st_mtime_ns for p in (project / "generated").rglob("*") if p.is_file()}
+    proc = run_kgen("build", "--no-validate", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 written, 6 unchanged" in proc.stdout
+    after = {p: p.stat().st_mtime_ns for p in (project / "generated").rglob("*") if p.is_file()}
+    assert before.keys() == after.keys()
+    assert all(before[p] == after[p] for p in before if p.name != "kgen.lock")
+
+
+def test_tampered_generated_file_fails_verify(project):
+    path = project / VARIANT
+    path.write_text(path.read_text().replace("x = loc_x * width.to(tl.float32) - 0.5", "x = loc_x * width.to(tl.float32)"))
+    proc = run_kgen("verify", "--no-numerics", cwd=project)
+    assert proc.returncode == 1
+    assert f"{VARIANT}: differs from what specs/msda.yaml generates now" in proc.stdout
+    assert "fix: kgen build" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_edited_template_fails_verify(project):
+    template = project / "templates" / "triton" / "msda_fwd.py.jinja"
+    template.write_text(template.read_text().replace("# Zero padding:", "# Zero padding (edited):"))
+    proc = run_kgen("verify", "--no-numerics", cwd=project)
+    assert proc.returncode == 1
+    assert proc.stdout.count("differs from what specs/msda.yaml generates now") == 6
+
+
+def test_lock_tampering_and_stray_files_fail_verify(project):
+    lock = project / "generated" / "kgen.lock"
+    data = json.loads(lock.read_text())
+    first = next(iter(data["outputs"]))
+    data["outputs"][first]["sha256"] = "0" * 64
+    lock.write_text(json.dumps(data))
+    (project / "generated" / "msda" / "hand_written.py").write_text("x = 1\n")
+    proc = run_kgen("verify", "--no-numerics", cwd=project)
+    assert proc.returncode == 1
+    assert "generated/kgen.lock: out of date" in proc.stdout
+    assert "generated/msda/hand_written.py: not produced by any spec" in proc.stdout
+
+
+def test_outputs_no_spec_produces_are_removed(project):
+    spec = project / "specs" / "msda.yaml"
+    spec.write_text(spec.read_text().replace("D: [32, 48]", "D: [32]"))
+    proc = run_kgen("build", "--no-validate", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: --no-validate" in proc.stderr
+    remaining = sorted(p.name for p in (project / "generated" / "msda").glob("*.py"))
+    assert remaining == [f"msda_fwd_{t}_m8_d32_l4_k4.py" for t in ("bf16", "f16", "f32")]
+    lock = json.loads((project / "generated" / "kgen.lock").read_text())
+    assert sorted(lock["outputs"]) == [f"msda/{n}" for n in remaining]
+    assert run_kgen("verify", "--no-numerics", cwd=project).returncode == 0
+
+
+def test_build_refuses_a_kernel_that_fails_its_reference(project):
+    """A planted template bug: validation catches it and nothing is written."""
+    spec = project / "specs" / "msda.yaml"
+    text = spec.read_text().replace("dtype: [float32, float16, bfloat16]", "dtype: [float32]").replace("D: [32, 48]", "D: [32]")
+    spec.write_text(text.replace("    - {batch: 1, queries: 5,", "    # - {batch: 1, queries: 5,"))
+    template = project / "templates" / "triton" / "msda_fwd.py.jinja"
+    template.write_text(template.read_text().replace("y = loc_y * height.to(tl.float32) - 0.5", "y = loc_y * height.to(tl.float32) - 0.25"))
+    before = {p: p.read_bytes() for p in (project / "generated").rglob("*") if p.is_file()}
+    proc = run_kgen("build", "--device", "cpu", cwd=project)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL msda_fwd_f32_m8_d32_l4_k4" in proc.stdout
+    assert "not written" in proc.stderr
+    after = {p: p.read_bytes() for p in (project / "generated").rglob("*") if p.is_file()}
+    assert before == after
+
+
+def test_header_has_hashes_and_no_timestamp():
+    head = (ROOT / VARIANT).read_text().split('"""')[0]
+    assert "DO NOT EDIT" in head and "kgen build specs/msda.yaml" in head
+    for key in ("spec sha256:", "templates sha256:", "toolchain sha256:"):
+        assert key in head
+    assert not re.search(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}", head), "no dates or times in headers"
+
+
+def test_generation_is_deterministic_across_hash_seeds():
+    script = "from pathlib import Path; from kgen.spec import load_spec; from kgen.generate import generate;" \
+        "print(''.join(o.text for o in generate(load_spec('specs/msda.yaml'), Path('.'))))"
+    texts = set()
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT))
+        texts.add(subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout)
+    assert len(texts) == 1
+
+
+def test_pyproject_pins_match_the_toolchain_hash_pins():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {d.split("==")[0].lower(): "==" + d.split("==")[1] for d in deps}
+    assert declared == {k.lower(): v for k, v in GENERATOR_PINS.items()}
+
+
+def test_usage_errors_exit_2():
+    proc = run_kgen("frobnicate")
+    assert proc.returncode == 2
+    proc = run_kgen("show", "no_such_variant")
+    assert proc.returncode == 2 and "no variant named 'no_such_variant'" in proc.stderr
+
+
+def test_list_and_show():
+    proc = run_kgen("list")
+    assert proc.returncode == 0
+    assert "msda_fwd_bf16_m8_d48_l4_k4" in proc.stdout and "dtype=bfloat16 D=48" in proc.stdout
+    proc = run_kgen("show", "msda_fwd_bf16_m8_d48_l4_k4")
+    assert proc.returncode == 0
+    assert "BLOCK_D" in proc.stdout and "64" in proc.stdout
+    assert "value_base   = 384*S*b + 48*m" in proc.stdout
+    assert "int64: an intermediate reaches" in proc.stdout and "int32: every intermediate" in proc.stdout

@@ -1,0 +1,134 @@
+"""Generated MSDA forward kernels under the Triton interpreter, against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT, load_module
+from kgen.reference.msda import derive_level_start_index, msda_forward_grid_sample
+from kgen.spec import load_spec
+from kgen.verify.msda import make_inputs
+from kgen.ops.msda import Case
+
+SPEC = load_spec(ROOT / "specs" / "msda.yaml")
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def generated(short: str, head_dim: int):
+    return load_module(ROOT / "generated" / "msda" / f"msda_fwd_{short}_m8_d{head_dim}_l4_k4.py")
+
+
+def run_case(module, case: Case, dtype: torch.dtype, seed: int, explicit_start: bool = True):
+    x = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, "cpu", seed)
+    start = derive_level_start_index(x["spatial_shapes"]) if explicit_start else None
+    out = module.msda_forward(x["value"], x["spatial_shapes"], start, x["sampling_locations"], x["attention_weights"])
+    ref = msda_forward_grid_sample(
+        x["value"].double(), x["spatial_shapes"], None, x["sampling_locations"].double(), x["attention_weights"].double()
+    )
+    return out, ref, x
+
+
+@pytest.mark.parametrize("short", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [32, 48])
+def test_ragged_shapes_match_reference(short, head_dim):
+    dtype = DTYPES[short]
+    tol = SPEC.options.tolerances[str(dtype).removeprefix("torch.")]
+    module = generated(short, head_dim)
+    # Q=45 leaves a ragged 13-query tail after one 32-query block; odd, non-square levels.
+    case = Case(batch=3, queries=45, spatial_shapes=((5, 11), (3, 6), (2, 2), (1, 3)), locations=(-0.2, 1.2), line=None)
+    out, ref, _ = run_case(module, case, dtype, seed=7, explicit_start=head_dim == 32)
+    assert out.shape == (3, 45, 8 * head_dim) and out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, atol=tol.atol, rtol=tol.rtol)
+    assert ref.abs().max() > 0.1, "the test must not pass on an all-zero output"
+
+
+def test_far_outside_samples_contribute_exactly_zero():
+    module = generated("f32", 32)
+    case = Case(batch=1, queries=7, spatial_shapes=((4, 5), (3, 3), (2, 2), (1, 1)), locations=(-0.2, 1.2), line=None)
+    x = make_inputs(case, 8, 32, 4, torch.float32, "cpu", seed=3)
+    far = x["sampling_locations"].clone()
+    far[..., 0] = torch.where(torch.arange(7)[None, :, None, None, None] % 2 == 0, -5.0, 1e9)
+    out = module.msda_forward(x["value"], x["spatial_shapes"], None, far, x["attention_weights"])
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_level_start_index_none_equals_explicit():
+    module = generated("f32", 48)
+    case = Case(batch=2, queries=9, spatial_shapes=((6, 4), (3, 2), (2, 5), (1, 2)), locations=(-0.1, 1.1), line=None)
+    a, _, x = run_case(module, case, torch.float32, seed=11, explicit_start=True)
+    b = module.msda_forward(x["value"], x["spatial_shapes"], None, x["sampling_locations"], x["attention_weights"])
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("batch, queries", [(0, 5), (2, 0), (0, 0)])
+def test_empty_batch_or_queries(batch, queries):
+    module = generated("bf16", 32)
+    value = torch.randn(batch, 12, 8, 32).bfloat16()
+    shapes = torch.tensor([[2, 3], [1, 3], [1, 2], [1, 1]])
+    loc = torch.rand(batch, queries, 8, 4, 4, 2).bfloat16()
+    w = torch.rand(batch, queries, 8, 4, 4).bfloat16()
+    out = module.msda_forward(value, shapes, None, loc, w)
+    assert out.shape == (batch, queries, 256) and out.dtype == torch.bfloat16
+
+
+def _args(dtype=torch.float32, batch=2, queries=3):
+    shapes = torch.tensor([[2, 3], [1, 3], [1, 2], [1, 1]])
+    return [
+        torch.randn(batch, 12, 8, 32, dtype=dtype),
+        shapes,
+        None,
+        torch.rand(batch, queries, 8, 4, 4, 2, dtype=dtype),
+        torch.rand(batch, queries, 8, 4, 4, dtype=dtype),
+    ]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a.__setitem__(0, a[0].half()), "value: expected dtype torch.float32, got torch.float16"),
+        (lambda a: a.__setitem__(3, a[3][:, :, :4]), "sampling_locations: expected shape (B=2, Q=3, 8, 4, 4, 2), got (2, 3, 4, 4, 4, 2)"),
+        (lambda a: a.__setitem__(4, a[4][:1]), "attention_weights: expected shape (B=2, Q=3, 8, 4, 4), got (1, 3, 8, 4, 4)"),
+        (lambda a: a.__setitem__(1, a[1].int()), "spatial_shapes: expected dtype torch.int64, got torch.int32"),
+        (lambda a: a.__setitem__(0, a[0].transpose(1, 2).contiguous().transpose(1, 2)), "value: expected a contiguous tensor"),
+        (lambda a: a.__setitem__(0, a[0].to("meta")), "spatial_shapes: expected device meta (that of value), got cpu"),
+        (lambda a: a.__setitem__(1, [[2, 3]]), "spatial_shapes: expected a torch.Tensor, got list"),
+    ],
+)
+def test_wrapper_rejects_bad_arguments_by_name(mutate, message):
+    module = generated("f32", 32)
+    args = _args()
+    mutate(args)
+    with pytest.raises((ValueError, TypeError)) as err:
+        module.msda_forward(*args)
+    assert message in str(err.value)
+
+
+def test_wrapper_rejects_sizes_beyond_the_proven_maximum():
+    module = generated("f32", 32)
+    with pytest.raises(ValueError, match=r"B=65 exceeds 64, the declared maximum"):
+        module.msda_forward(*_args(batch=65, queries=1))
+
+
+def test_planted_bug_is_caught_by_the_numerical_check(tmp_path):
+    """The check can fail: the same kernel with the corner weights swapped disagrees."""
+    from kgen.verify.msda import check
+
+    source = (ROOT / "generated" / "msda" / "msda_fwd_f32_m8_d32_l4_k4.py").read_text()
+    planted = source.replace("v01 * (weight * lx * (1.0 - ly))", "v01 * (weight * (1.0 - lx) * ly)")
+    planted = planted.replace("v10 * (weight * (1.0 - lx) * ly)", "v10 * (weight * lx * (1.0 - ly))", 1)
+    assert planted != source
+    path = tmp_path / "planted.py"
+    path.write_text(planted)
+    variant = next(v for v in __import__("kgen.ops.msda", fromlist=["variants"]).variants(SPEC) if v.name == "msda_fwd_f32_m8_d32_l4_k4")
+    results = check(load_module(path), SPEC, variant, "cpu")
+    assert not any(r["ok"] for r in results)
+
+
+def test_static_check_flags_plain_globals_in_jit_functions():
+    from kgen.verify.static import jit_global_problems
+
+    source = "import triton\nLEVELS = 4\nOK = tl.constexpr(2)\n@triton.jit\ndef k(x):\n    for l in range(LEVELS + OK):\n        pass\n"
+    problems = jit_global_problems(source, "k.py")
+    assert len(problems) == 1 and "reads global LEVELS" in problems[0]
+    assert jit_global_problems((ROOT / "generated" / "msda" / "msda_fwd_f32_m8_d32_l4_k4.py").read_text(), "g") == []
