@@ -174,7 +174,7 @@ def _show(args) -> int:
         for v in op.variants(spec):
             if v.name == args.variant:
                 plan = op.lower(spec, v)
-                print(f"{v.name}  ({spec.path}, op {spec.op}, backend {spec.backend})")
+                print(f"{v.name}  ({spec.path}, op {spec.op}, backends {', '.join(spec.backends)})")
                 print("derived:")
                 for f in plan.facts:
                     print(f"  {f.name:28s} {f.value:24s} {f.why}")

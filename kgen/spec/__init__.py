@@ -42,7 +42,7 @@ def load_spec(path: str | os.PathLike) -> Spec:
     name = root.get("name", r.name)
     op_name = root.get("op", r.one_of(*sorted(OPS)))
     op = OPS[op_name]
-    backend = root.get("backend", r.one_of(*op.backends))
+    backends = root.get("backends", r.list_of(r.one_of(*op.backends), min_len=1))
     doc = root.get("doc", r.text, default="")
     dims = _parse_dims(root.section("dims"))
     axes, exclude = _parse_variants(root.section("variants"), dims)
@@ -54,7 +54,7 @@ def load_spec(path: str | os.PathLike) -> Spec:
         path=shown,
         name=name,
         op=op_name,
-        backend=backend,
+        backends=backends,
         doc=doc,
         dims=dims,
         tensors=tensors,
@@ -134,11 +134,13 @@ def _parse_tensors(section: r.Section, dims: dict[str, Dim], axes: tuple) -> dic
     tensors = {}
 
     def shape_item(value: Any) -> str | int:
-        if isinstance(value, str) and value in dims:
-            return value
+        # A dim name, a product of dim names ("Hk*QG"), or a positive integer. Parsed here, never
+        # evaluated as code.
+        if isinstance(value, str) and all(part.strip() in dims for part in value.split("*")):
+            return "*".join(part.strip() for part in value.split("*"))
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
-        raise r.Invalid(f"expected a dim name ({', '.join(dims)}) or a positive integer, got {value!r}")
+        raise r.Invalid(f"expected a dim name ({', '.join(dims)}), a product such as A*B, or a positive integer, got {value!r}")
 
     def dtype_name(value: Any) -> str:
         if value in DTYPES or value in axis_names:
@@ -150,7 +152,7 @@ def _parse_tensors(section: r.Section, dims: dict[str, Dim], axes: tuple) -> dic
         shape = entry.get("shape", r.list_of(shape_item, min_len=1))
         dtype = entry.get("dtype", dtype_name)
         order = entry.get("layout", r.list_of(shape_item), default=None)
-        role = entry.get("role", r.one_of("input", "output"), default="input")
+        role = entry.get("role", r.one_of("input", "output", "scratch"), default="input")
         entry.finish()
         if order is None:
             axes_order = tuple(range(len(shape)))

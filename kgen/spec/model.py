@@ -38,7 +38,7 @@ class TensorSpec:
     shape: tuple[str | int, ...]
     dtype: str  # an element type, or the name of the variant axis that picks it ("dtype")
     order: tuple[int, ...]  # axes from outermost to innermost in memory; row-major by default
-    role: str  # "input" or "output"
+    role: str  # "input", "output", or "scratch" (allocated by the launcher between kernels)
     line: int | None
 
 
@@ -55,7 +55,7 @@ class Spec:
     path: str  # as the user would type it (relative to the working directory when possible)
     name: str
     op: str
-    backend: str
+    backends: tuple[str, ...]
     doc: str
     dims: Mapping[str, Dim]
     tensors: Mapping[str, TensorSpec]
