@@ -177,14 +177,21 @@ def _show(args) -> int:
                 print(f"{v.name}  ({spec.path}, op {spec.op}, backends {', '.join(spec.backends)})")
                 print("derived:")
                 for f in plan.facts:
-                    print(f"  {f.name:28s} {f.value:24s} {f.why}")
+                    print(f"  {f.name:28s} {f.value:24s} {f.why}".rstrip())
                 print("address expressions (int width from the bound over the declared ranges):")
                 for w in plan.widths:
                     print(f"  {w.name:12s} = {w.expr}")
                     print(f"  {'':12s}   range [{w.lo}, {w.hi}]; {w.reason}")
-                print("printed for the template:")
-                for name, text in plan.expr.items():
-                    print(f"  {name:12s} {text}")
+                proofs = getattr(plan, "proofs", ())
+                if proofs:
+                    print("lane mappings, each proven to cover its tile exactly once:")
+                    for proof in proofs:
+                        print(f"  {'ok  ' if proof.ok else 'FAIL'} {proof.name}: {proof.domain} -> {proof.image}")
+                printed = getattr(plan, "expr", None) or getattr(plan, "printed", {})
+                if printed:
+                    print("printed for the template:")
+                    for name, text in printed.items():
+                        print(f"  {name:12s} {text}")
                 return 0
     raise KgenError(f"no variant named {args.variant!r} (see `kgen list`)")
 

@@ -33,11 +33,12 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
     source_path = project_path(spec, root)
     spec_sha = spec_sha256(spec.normalized)
     directory = templates_dir(root)
-    tmpl_sha = templates_sha256([op.TEMPLATE], directory)
+    variants = op.variants(spec)
+    tmpl_sha = templates_sha256({op.template_for(v) for v in variants}, directory)
     outputs = []
-    for variant in op.variants(spec):
+    for variant in variants:
         plan = op.lower(spec, variant)
-        source = render(op.TEMPLATE, {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
+        source = render(op.template_for(variant), {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
         text = header(source_path, variant.name, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
         outputs.append(Output(f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha))
     return outputs

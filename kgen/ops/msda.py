@@ -33,7 +33,11 @@ from kgen.spec import reader as r
 from kgen.spec.model import Dim, Spec, Variant
 
 backends = ("triton",)
-TEMPLATE = "triton/msda_fwd.py.jinja"
+
+
+def template_for(variant) -> str:
+    return "triton/msda_fwd.py.jinja"
+
 
 # The operator's contract: logical shapes (any memory order may be declared for inputs).
 RUNTIME_DIMS = ("B", "Q", "S")
