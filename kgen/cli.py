@@ -36,12 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("specs", nargs="*", metavar="SPEC")
     b.add_argument("--no-validate", action="store_true", help="write without the numerical check (not recommended)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to validate (default: cuda if present)")
+    b.add_argument("--no-compile", action="store_true", help="FlyDSL: keep the lock's recorded ISA counts instead of compiling")
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check generated/ against the specs: drift, static proofs, numerics")
     v.add_argument("specs", nargs="*", metavar="SPEC")
     v.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="numerics device (default: cuda if present)")
-    v.add_argument("--no-numerics", action="store_true", help="drift and static checks only")
+    v.add_argument("--no-numerics", action="store_true", help="skip the numerical tier")
+    v.add_argument("--no-compile", action="store_true", help="skip the FlyDSL compile tier (trust the lock's ISA counts)")
     v.set_defaults(run=_verify)
 
     ls = sub.add_parser("list", help="list the variants every spec produces, with their axes")
@@ -110,7 +112,9 @@ def _build(args) -> int:
             if failed:
                 raise VerifyFailure(f"not written: {len(failed)} variant(s) failed validation: {', '.join(failed)}")
 
-    entries, stale = plan_lock(read_lock(generated), [o for outs in outputs.values() for o in outs], list(outputs))
+    old_lock = read_lock(generated)
+    outputs = _with_isa(outputs, generated, old_lock, "lock" if args.no_compile else "changed")
+    entries, stale = plan_lock(old_lock, [o for outs in outputs.values() for o in outs], list(outputs))
     written = sum(write_atomic(generated / o.relpath, o.text) for outs in outputs.values() for o in outs)
     for relpath in stale:
         (generated / relpath).unlink(missing_ok=True)
@@ -131,6 +135,12 @@ def _verify(args) -> int:
     generated = root / "generated"
     outputs = {project_path(s, root): generate(s, root) for s in specs}
     failures = 0
+    if any(o.compile_arch for outs in outputs.values() for o in outs):
+        try:
+            outputs = _with_isa(outputs, generated, read_lock(generated), "lock" if args.no_compile else "all")
+        except VerifyFailure as err:
+            print(f"compile: {err}")
+            failures += 1
 
     problems = drift_problems(generated, [o for outs in outputs.values() for o in outs], list(outputs))
     print(f"drift: {'ok' if not problems else f'{len(problems)} problem(s)'}")
@@ -152,6 +162,30 @@ def _verify(args) -> int:
         raise VerifyFailure("verification failed")
     print("kgen verify: ok")
     return 0
+
+
+def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str) -> dict:
+    """Attach ISA counts to FlyDSL outputs. mode "all": compile every one (verify); "changed":
+    compile those whose content differs from the lock's record (build); "lock": copy the lock's
+    counts without compiling (--no-compile). Raises VerifyFailure when a variant does not compile
+    or its assembly breaks a design rule."""
+    from kgen.verify.flydsl import compile_outputs
+
+    flydsl = [o for outs in outputs.values() for o in outs if o.compile_arch]
+    if not flydsl:
+        return outputs
+    if mode == "lock":
+        print("kgen: --no-compile: FlyDSL ISA counts taken from the lock, not compiled", file=sys.stderr)
+        recorded = lambda o: {k: v for k, v in lock.get(o.relpath, {}).get("isa", {}).items() if k != "arch"}  # noqa: E731
+        return {p: [o.with_isa(recorded(o)) if o.compile_arch else o for o in outs] for p, outs in outputs.items()}
+    print(f"compile: {len(flydsl)} FlyDSL variant(s) in compile-only mode")
+    result, problems = {}, {}
+    for path, outs in outputs.items():
+        result[path], found = compile_outputs(outs, generated, lock if mode == "changed" else None)
+        problems.update(found)
+    if problems:
+        raise VerifyFailure(f"{len(problems)} FlyDSL variant(s) failed the compile tier: {', '.join(problems)}")
+    return result
 
 
 def _list(args) -> int:

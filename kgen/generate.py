@@ -39,8 +39,16 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
     for variant in variants:
         plan = op.lower(spec, variant)
         source = render(op.template_for(variant), {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
-        text = header(source_path, variant.name, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
-        outputs.append(Output(f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha))
+        backend = getattr(plan, "backend", None) or spec.backends[0]
+        text = header(source_path, variant.name, backend, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
+        flydsl = getattr(plan, "backend", None) == "flydsl"
+        outputs.append(
+            Output(
+                f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha,
+                compile_arch=spec.options.target.arch if flydsl else None,
+                planned_lds=plan.consts.get("LDS_BYTES", 0) if flydsl else 0,
+            )
+        )
     return outputs
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-# What a generated Triton kernel needs at run time (H200 runs triton 3.6 / torch 2.11; CI 3.9 / 2.13).
-RUNTIME_PINS = {"torch": ">=2.11", "triton": ">=3.6,<3.10"}
+# What generated code needs at run time (H200 runs triton 3.6 / torch 2.11; CI 3.9 / 2.13).
+RUNTIME_PINS = {"torch": ">=2.11", "triton": ">=3.6,<3.10", "flydsl": "==0.4.2"}
+# Which of them each backend's modules import (FlyDSL modules merge partitions with Triton).
+BACKEND_PACKAGES = {"triton": ("torch", "triton"), "flydsl": ("torch", "triton", "flydsl")}
 
 # What decides the bytes kgen writes: printing order, template semantics, formatting.
 GENERATOR_PINS = {"sympy": "==1.14.0", "jinja2": "==3.1.6", "black": "==26.10.1", "pyyaml": "==6.0.3"}
@@ -20,7 +22,12 @@ GENERATOR_PINS = {"sympy": "==1.14.0", "jinja2": "==3.1.6", "black": "==26.10.1"
 LINE_LENGTH = 100
 
 
-def pins_sha256() -> str:
-    """Content hash of the declared pins (sorted, canonical JSON)."""
-    text = json.dumps({"runtime": RUNTIME_PINS, "generator": GENERATOR_PINS}, sort_keys=True)
+def runtime_pins(backend: str) -> dict[str, str]:
+    return {name: RUNTIME_PINS[name] for name in BACKEND_PACKAGES[backend]}
+
+
+def pins_sha256(backend: str | None = None) -> str:
+    """Content hash of the generator pins and the runtime pins of `backend` (all when None)."""
+    runtime = RUNTIME_PINS if backend is None else runtime_pins(backend)
+    text = json.dumps({"runtime": runtime, "generator": GENERATOR_PINS}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
