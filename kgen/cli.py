@@ -6,6 +6,7 @@ Exit status: 0 ok, 1 verification failed, 2 bad usage or bad spec.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="numerics device (default: cuda if present)")
     v.add_argument("--no-numerics", action="store_true", help="skip the numerical tier")
     v.add_argument("--no-compile", action="store_true", help="skip the FlyDSL compile tier (trust the lock's ISA counts)")
+    v.add_argument("--only", metavar="GLOB", help="numerics only for variants whose name matches (e.g. '*triton*')")
     v.set_defaults(run=_verify)
 
     ls = sub.add_parser("list", help="list the variants every spec produces, with their axes")
@@ -126,6 +128,7 @@ def _build(args) -> int:
 
 
 def _verify(args) -> int:
+    from kgen.emit import read_lock
     from kgen.generate import generate, load_all, project_path
     from kgen.verify.drift import drift_problems
     from kgen.verify.numerics import run_numerics
@@ -155,6 +158,10 @@ def _verify(args) -> int:
         device = _device(args.device)
         for path, outs in outputs.items():
             modules = {o.variant: generated / o.relpath for o in outs if (generated / o.relpath).exists()}
+            if args.only:
+                modules = {name: path for name, path in modules.items() if fnmatch.fnmatch(name, args.only)}
+            if not modules:
+                continue
             print(f"numerics: {path} on {device} ({'Triton interpreter' if device == 'cpu' else 'GPU'})")
             if not _print_numerics(run_numerics(str(root / path), modules, device)):
                 failures += 1
@@ -224,10 +231,19 @@ def _show(args) -> int:
                 printed = getattr(plan, "expr", None) or getattr(plan, "printed", {})
                 if printed:
                     print("printed for the template:")
-                    for name, text in printed.items():
+                    for name, text in _flatten(printed):
                         print(f"  {name:12s} {text}")
                 return 0
     raise KgenError(f"no variant named {args.variant!r} (see `kgen list`)")
+
+
+def _flatten(printed, prefix=""):
+    """(name, text) of printed expressions, nested groups as group.name; doc strings left out."""
+    for name, value in printed.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{name}.")
+        elif not name.startswith("doc."):
+            yield f"{prefix}{name}", value
 
 
 def _read(path: Path) -> str | None:

@@ -6,11 +6,11 @@ An operator module provides:
   check_spec(spec, root)        the contract its semantics impose on dims and tensors
   variants(spec)                the Variant list (readable names)
   lower(spec, variant)          a plan: plain data with every number and printed expression
-  TEMPLATE                      the template that renders a plan
+  template_for(variant)         the template that renders a variant's plan
 """
 
 from __future__ import annotations
 
-from kgen.ops import msda
+from kgen.ops import msda, tq_decode
 
-OPS = {"msda_forward": msda}
+OPS = {"msda_forward": msda, "tq_decode": tq_decode}

@@ -10,8 +10,14 @@ import ast
 
 
 def _is_jit(decorator: ast.expr) -> bool:
+    """@triton.jit or @triton.jit(...) (FlyDSL's @flyc.jit traces in Python and may read globals)."""
     target = decorator.func if isinstance(decorator, ast.Call) else decorator
-    return isinstance(target, ast.Attribute) and target.attr == "jit"
+    return (
+        isinstance(target, ast.Attribute)
+        and target.attr == "jit"
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "triton"
+    )
 
 
 def _is_constexpr_value(node: ast.expr) -> bool:

@@ -20,9 +20,9 @@ def main(argv: list[str]) -> int:
     from kgen.ops import OPS
     from kgen.spec import load_spec
     from kgen.spec.model import Variant
-    from kgen.verify import msda
+    from kgen.verify import msda, tq
 
-    checks = {"msda_forward": msda.check}
+    checks = {"msda_forward": msda.check, "tq_decode": tq.check}
     spec = load_spec(spec_path)
     variants = {v.name: v for v in OPS[spec.op].variants(spec)}
     for item in items:

@@ -1,0 +1,151 @@
+"""Triton part of the TQ lowering: the decode and store kernels' own numbers and addresses.
+
+The Triton decode keeps the QG query heads of one kv head together as one padded matrix of
+Q_ROWS rows and streams the kv head's cache once per partition, in tiles of TILE_TOKENS tokens.
+Packed bytes are never interleaved: byte j of a 4-bit field holds elements 2j and 2j+1, so the
+kernels work on the even and odd halves of head_dim separately (q_even . C[lo] + q_odd . C[hi]).
+
+Every address the kernels form is printed here from the shared lowering's sympy offsets (cache
+block stride, field offsets per slot and kv head, tensor bases), each with the int width that
+`decide_width` proves over the declared ranges; the templates only place the printed text. Tiles
+and MMA layouts are Triton's business, so these kernels are checked numerically (the
+interpreter on CPU, the GPU when present) rather than by lane proofs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import sympy
+
+from kgen.algebra import FloorDiv, Mod, Range, TensorLayout, TritonPrinter, decide_width, index_symbol
+
+MIN_DOT = 16  # the smallest M, N and K that tl.dot accepts
+TILE_TOKENS_TARGET = 64  # decode schedule: tokens per inner-loop tile (QK's N, PV's K)
+DECODE_WARPS = 4  # decode schedule: warps per program
+STORE_WARPS = 8  # store schedule: the four fp32 64x64 rotation blocks need the registers of 8 warps
+
+
+def lower_kernel(ctx):
+    """Numbers and printed addresses of the decode kernel."""
+    from kgen.ops.tq_decode import KernelPart
+
+    c = ctx.consts
+    d, qg, bs, group = c["HEAD_DIM"], c["QG"], c["BS"], c["GROUP"]
+    per_byte, pairs = _packing(ctx)
+    q_rows = max(MIN_DOT, 1 << (qg - 1).bit_length())
+    tile = min(TILE_TOKENS_TARGET, group)
+    if pairs < MIN_DOT:
+        raise ctx.reject("dims.head_dim", f"head_dim {d} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"use head_dim >= {2 * MIN_DOT}")
+    consts = {
+        "Q_ROWS": q_rows,  # QG query heads padded to a power of two >= tl.dot's 16 rows
+        "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
+        "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
+        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
+        "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
+        "NUM_WARPS": DECODE_WARPS,  # warps per program
+    }
+
+    S = ctx.sym
+    seq, kvh, part, slot, row, e, phys = (index_symbol(n) for n in ("seq", "kv_head", "part", "slot", "row", "e", "phys_block"))
+    pair, token = index_symbol("pair"), index_symbol("token")
+    max_tokens = ctx.ranges[S["max_blocks"]].hi * bs
+    ranges = {
+        **ctx.ranges,
+        row: Range(0, q_rows - 1, "query row of the padded matrix (rows >= QG are padding)"),
+        pair: Range(0, pairs - 1, "byte of a packed record = element pair of head_dim"),
+        token: Range(0, max_tokens + tile - 1, "token of the sequence; masked lanes of the last tile included"),
+    }
+    names = {S["Hk"]: "NUM_KV_HEADS", S["P"]: "NUM_PARTITIONS", S["max_blocks"]: "max_blocks", phys: "block"}
+    constexprs = (S["Hk"], S["P"])  # launch-time constants of the kernel
+    out = _Printer(ranges, names, constexprs)
+    off = ctx.offsets
+    even, odd = {e: per_byte * pair}, {e: per_byte * pair + 1}  # low nibble: element 2j, high: 2j+1
+    matrix = {row: "row[:, None]", pair: "pair[None, :]"}
+    printed = {
+        "query_base": out("query_base", off["query_base"]),
+        "query_even": out("query_row", off["query_row"].subs(even), matrix),
+        "query_odd": out("query_row", off["query_row"].subs(odd), matrix),
+        "block_table_base": out("block_table_base", off["block_table_base"]),
+        "table_index": out("table_index", FloorDiv(token, bs)),
+        "slot": out("slot", Mod(token, bs)),
+        **_cache_fields(out, off),
+        "out_parts_base": out("out_parts_base", off["out_parts_base"]),
+        "out_even": out("out_parts_row", off["out_parts_row"].subs(even), matrix),
+        "out_odd": out("out_parts_row", off["out_parts_row"].subs(odd), matrix),
+        "partials_base": out("partials_base", off["partials_base"]),
+        "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row)),
+    }
+    return KernelPart(consts=consts, proofs=(), printed=printed)
+
+
+def lower_store(ctx):
+    """Numbers and printed addresses of the store (quantize) kernel."""
+    from kgen.ops.tq_decode import KernelPart
+
+    c = ctx.consts
+    bs, levels = c["BS"], c["N_CENTROIDS"]
+    per_byte, pairs = _packing(ctx)
+    consts = {
+        "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
+        "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
+        "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
+        "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
+        "V_LEVELS": (1 << ctx.spec.options.quant.value_bits) - 1,  # largest V index (affine min/max scheme)
+        "KEY_NORM_EPS": 1e-8,  # x = k / (||k|| + eps), operators.md §2
+        "V_SCALE_MIN": 1e-8,  # scale = max((max(v) - min(v)) / V_LEVELS, this), operators.md §2
+        "NUM_WARPS": STORE_WARPS,  # warps per program
+    }
+    S = ctx.sym
+    phys, cache_slot = index_symbol("phys_block"), index_symbol("cache_slot")
+    num_slots = ctx.ranges[S["num_blocks"]].hi * bs
+    ranges = {**ctx.ranges, cache_slot: Range(0, num_slots - 1, "slot_mapping entry (negative ones are masked to 0)")}
+    out = _Printer(ranges, {S["Hk"]: "NUM_KV_HEADS", phys: "block"}, (S["Hk"],))
+    pair = index_symbol("pair")
+    ranges[pair] = Range(0, pairs - 1, "byte of a packed record = element pair of head_dim")
+    printed = {
+        "even": out("element", per_byte * pair),  # low nibble of byte `pair`
+        "odd": out("element", per_byte * pair + 1),  # high nibble
+        "block": out("block", FloorDiv(cache_slot, bs)),
+        "slot": out("slot", Mod(cache_slot, bs)),
+        **_cache_fields(out, ctx.offsets),
+    }
+    return KernelPart(consts=consts, proofs=(), printed=printed)
+
+
+class _Printer:
+    """Prints one address expression with the width `decide_width` proves for it."""
+
+    def __init__(self, ranges, names, constexprs):
+        self.ranges, self.names, self.constexprs = ranges, dict(names), tuple(constexprs)
+
+    def __call__(self, name: str, expr: sympy.Expr, names: Mapping[sympy.Symbol, str] | None = None) -> str:
+        width = decide_width(name, expr, self.ranges)
+        return TritonPrinter(self.ranges, {**self.names, **(names or {})}, self.constexprs, bits=width.bits)(expr)
+
+
+def _cache_fields(out: _Printer, off) -> dict[str, str]:
+    """Byte offsets in the cache: the block's base (from the block id) and each field of (slot,
+    kv head) within the block."""
+    return {
+        "block_base": out("block_base_bytes", off["block_base_bytes"]),
+        **{f: out(f"{f}_bytes", off[f"{f}_bytes"]) for f in ("k", "v", "k_norm", "v_scale", "v_zero")},
+    }
+
+
+def _packing(ctx) -> tuple[int, int]:
+    """(elements per byte, bytes per packed record) of the data region's K and V fields."""
+    q = ctx.spec.options.quant
+    if q.key_bits != 4 or q.value_bits != 4:
+        raise ctx.reject("quant", "the Triton kernels unpack 4-bit fields (two elements per byte)", "use bits: 4")
+    per_byte = 8 // q.key_bits
+    return per_byte, ctx.consts["HEAD_DIM"] // per_byte
+
+
+def _layout(ctx, name: str) -> TensorLayout:
+    """A contract tensor's row-major layout with the variant's constants folded in."""
+    from kgen.ops.tq_decode import _dim_expr
+
+    shape = [_dim_expr(s, ctx.sym) for s in ctx.spec.tensors[name].shape]
+    fold = {ctx.sym[n]: v for n, v in ctx.spec.constants(ctx.variant.values).items() if n in ctx.sym}
+    return TensorLayout(name, shape, range(len(shape)), [f"a{i}" for i in range(len(shape))]).substitute(fold)

@@ -1,0 +1,231 @@
+"""Generated Triton TQ modules (decode and store) under the interpreter, against kgen.reference.tq.
+
+The variants are rendered here straight from the spec (lower + render), so these tests do not
+depend on every template of the spec (the FlyDSL one) being present; the numerical checks are
+the ones `kgen build` / `kgen verify` run (kgen.verify.tq).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import pytest
+import torch
+
+from conftest import ROOT, load_module
+from kgen.ops import tq_decode
+from kgen.reference import tq as ref
+from kgen.render import render
+from kgen.spec import load_spec
+from kgen.verify import tq as verify_tq
+
+SPEC = load_spec(ROOT / "specs" / "tq_decode.yaml")
+VARIANTS = {v.name: v for v in tq_decode.variants(SPEC) if v.values["backend"] == "triton"}
+DECODE = sorted(n for n, v in VARIANTS.items() if v.values["kind"] == "decode")
+STORE = sorted(n for n, v in VARIANTS.items() if v.values["kind"] == "store")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """name -> (path, source) of every rendered Triton variant."""
+    out = tmp_path_factory.mktemp("tq_triton")
+    rendered = {}
+    for name, variant in VARIANTS.items():
+        text = render(tq_decode.template_for(variant), {"p": tq_decode.lower(SPEC, variant)}, name)
+        path = out / f"{name}.py"
+        path.write_text(text)
+        rendered[name] = (path, text)
+    return rendered
+
+
+@pytest.fixture(scope="module")
+def modules(sources):
+    return {name: load_module(path) for name, (path, _) in sources.items()}
+
+
+def _failures(results):
+    return [r for r in results if not r["ok"]]
+
+
+def test_variants_are_the_expected_ones():
+    assert DECODE == sorted(f"tq_decode_triton_d128_qg{qg}_bs{bs}" for qg in (6, 8, 16) for bs in (16, 32))
+    assert STORE == ["tq_store_d128_bs16", "tq_store_d128_bs32"]
+
+
+def test_generated_code_is_self_contained_and_derived(sources):
+    for name, (_, text) in sources.items():
+        tree = ast.parse(text)
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert imported <= {"math", "os", "torch", "triton"}, (name, imported)
+        kernel = text[text.index(f"def {name}_kernel(") :]
+        # 64-bit arithmetic exactly where the plan proves it is needed: the cache block's base,
+        # and the out_parts base when QG * HEAD_DIM makes it pass 2^31 at the declared maxima.
+        plan = tq_decode.lower(SPEC, VARIANTS[name])
+        bits = {w.name: w.bits for w in plan.widths}
+        wide = [line.strip() for line in kernel.splitlines() if "tl.int64" in line and "token.to(tl.int64)" not in line]
+        expected = ["block.to(tl.int64) * NUM_KV_HEADS * "]
+        if VARIANTS[name].values["kind"] == "decode" and bits["out_parts_base"] == 64:
+            expected.append("seq.to(tl.int64) * NUM_KV_HEADS * NUM_PARTITIONS * ")
+        assert [next((e for e in expected if line.startswith(e)), line) for line in wide] == expected, (name, wide)
+        block = plan.offsets["block_bytes"].subs({tq_decode.index_symbol("Hk"): 1})
+        assert f"NUM_KV_HEADS * {block}" in kernel, name
+
+
+@pytest.mark.parametrize("name", DECODE)
+def test_decode_matches_reference(modules, name):
+    results = verify_tq.check_decode(modules[name], SPEC, "cpu")
+    assert len(results) == len(SPEC.options.cases) + 1
+    assert not _failures(results), _failures(results)
+    assert max(r["max_abs"] for r in results) < SPEC.options.tolerance.atol
+
+
+@pytest.mark.parametrize("name", STORE)
+def test_store_bytes_match_reference(modules, name):
+    """fp32/bf16/fp16 inputs, norm correction on and off, padding slots, exact ties, unsorted
+    centroids with an identity rotation, strided k/v: the bytes are identical here."""
+    results = verify_tq.check_store(modules[name], SPEC, "cpu")
+    assert not _failures(results), _failures(results)
+    assert all(r["detail"] == "bytes identical" for r in results), results
+
+
+def test_store_skips_padding_slots_and_leaves_other_bytes(modules):
+    mod = modules["tq_store_d128_bs16"]
+    cache = torch.full((3, mod.cache_block_bytes(2)), 0xAB, dtype=torch.uint8)
+    k = torch.randn(4, 2, 128)
+    mod.tq_store(cache, k, k.clone(), torch.tensor([-1, 5, -7, 40]), ref.lloyd_max_centroids(128), ref.hadamard_rotation(128))
+    want = torch.full_like(cache, 0xAB)
+    ref.store(want, k[[1, 3]], k[[1, 3]], torch.tensor([5, 40]), block_size=16, centroids=ref.lloyd_max_centroids(128),
+              rotation=ref.hadamard_rotation(128))
+    assert torch.equal(cache, want)
+
+
+def test_host_checks_of_the_shared_code(modules):
+    """What the FlyDSL variants are checked with: partition plan, validation, merge."""
+    results = verify_tq.check_host(modules["tq_decode_triton_d128_qg8_bs32"], SPEC, "cpu")
+    assert len(results) == 4 and not _failures(results), _failures(results)
+
+
+def test_merge_with_empty_partitions_and_odd_partition_counts(modules):
+    mod = modules["tq_decode_triton_d128_qg6_bs16"]
+    gen = torch.Generator().manual_seed(1)
+    for num_partitions in (1, 3, 4):
+        shape = (3, 2, num_partitions, mod.QG)
+        parts = (torch.rand(*shape, 128, generator=gen) * 2 - 1).to(torch.bfloat16)
+        sums = torch.rand(*shape, generator=gen) * 50 + 0.5
+        maxes = torch.randn(*shape, generator=gen) * 4
+        empty = torch.rand(*shape, generator=gen) < 0.3
+        empty[0, 0] = True  # every partition of these heads empty -> zeros
+        maxes[empty] = -math.inf
+        sums[empty] = 0
+        parts[empty] = float("nan")  # never read
+        out = mod.merge_partitions(parts, sums, maxes, torch.empty(3, 2 * mod.QG, 128, dtype=torch.bfloat16))
+        want = ref.merge_partitions(parts.float().nan_to_num(0.0), sums, maxes)
+        assert torch.equal(out[0, : mod.QG], torch.zeros_like(out[0, : mod.QG]))
+        # bf16 output rounded to nearest: within half a bf16 ulp (+ fp32 noise) of the reference
+        assert ((out.float() - want).abs() <= 2**-8 * want.abs() + 1e-6).all()
+
+
+def test_decode_empty_batch_and_all_empty_sequences(modules):
+    mod = modules["tq_decode_triton_d128_qg16_bs32"]
+    c, rot = ref.lloyd_max_centroids(128), ref.hadamard_rotation(128)
+    cache = ref.allocate_cache(2, 32, 2, 128)
+    none = mod.tq_decode(torch.zeros(0, 32, 128, dtype=torch.bfloat16), cache, torch.zeros(0, 4, dtype=torch.int32),
+                         torch.zeros(0, dtype=torch.int32), c, rot)
+    assert none.shape == (0, 32, 128) and none.dtype == torch.bfloat16
+    table = torch.full((2, 1), 2**31 - 1, dtype=torch.int32)  # read any entry and the process dies
+    out = mod.tq_decode(torch.randn(2, 32, 128).to(torch.bfloat16), cache, table, torch.zeros(2, dtype=torch.int32), c, rot)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def _decode_args(mod, hk=2):
+    return dict(
+        query=torch.randn(2, hk * mod.QG, 128).to(torch.bfloat16),
+        kv_cache=ref.allocate_cache(4, mod.BS, hk, 128),
+        block_table=torch.zeros(2, 2, dtype=torch.int32),
+        seq_lens=torch.tensor([3, 20], dtype=torch.int32),
+        centroids=ref.lloyd_max_centroids(128),
+        rotation=ref.hadamard_rotation(128),
+    )
+
+
+DECODE_BAD = [
+    ("query", lambda a: a["query"].float(), "torch.bfloat16"),
+    ("query", lambda a: a["query"][:, :12].contiguous(), "multiple of QG=8"),
+    ("kv_cache", lambda a: ref.allocate_cache(4, 32, 2, 128), "that is the block size of BS=32"),
+    ("block_table", lambda a: a["block_table"].long(), "torch.int32"),
+    ("seq_lens", lambda a: a["seq_lens"][:1], "shape"),
+    ("centroids", lambda a: a["centroids"][:8], "shape"),
+    ("rotation", lambda a: torch.eye(64), "shape"),
+    ("softmax_scale", lambda a: -1.0, "finite float > 0"),
+    ("softmax_scale", lambda a: "0.1", "finite float > 0"),
+    ("softmax_scale", lambda a: math.inf, "finite float > 0"),
+]
+
+
+@pytest.mark.parametrize("name,make,words", DECODE_BAD, ids=[f"{n}-{w}" for n, _, w in DECODE_BAD])
+def test_decode_errors_name_the_argument(modules, name, make, words):
+    mod = modules["tq_decode_triton_d128_qg8_bs16"]
+    args = _decode_args(mod)
+    args[name] = make(args)
+    with pytest.raises(ValueError) as info:
+        mod.tq_decode(**args)
+    msg = str(info.value)
+    assert msg.startswith(f"{name}: expected") and words in msg and "got" in msg, msg
+
+
+STORE_BAD = [
+    ("kv_cache", lambda a: a["kv_cache"].view(torch.int8), "torch.uint8"),
+    ("kv_cache", lambda a: a["kv_cache"][:, :-2].contiguous(), "blocks of 4288 bytes"),
+    ("k", lambda a: a["k"].to(torch.int8), "dtype"),
+    ("k", lambda a: a["k"][:, :, :64], "shape (num_tokens, Hk, 128)"),
+    ("k", lambda a: a["k"].transpose(1, 2).contiguous().transpose(1, 2), "unit stride"),
+    ("v", lambda a: a["v"][:-1], "(that of k)"),
+    ("slot_mapping", lambda a: a["slot_mapping"].float(), "torch.int32 or torch.int64"),
+    ("slot_mapping", lambda a: a["slot_mapping"][:-1], "num_tokens of k"),
+    ("centroids", lambda a: a["centroids"].double(), "torch.float32"),
+    ("rotation", lambda a: a["rotation"].half(), "torch.float32"),
+    ("rotation", lambda a: torch.eye(64), "shape (128, 128)"),
+    ("norm_correction", lambda a: 1, "a bool"),
+]
+
+
+@pytest.mark.parametrize("name,make,words", STORE_BAD, ids=[f"{n}-{w}" for n, _, w in STORE_BAD])
+def test_store_errors_name_the_argument(modules, name, make, words):
+    mod = modules["tq_store_d128_bs16"]
+    args = dict(kv_cache=ref.allocate_cache(2, 16, 2, 128), k=torch.randn(5, 2, 128), v=torch.randn(5, 2, 128),
+                slot_mapping=torch.arange(5), centroids=ref.lloyd_max_centroids(128), rotation=ref.hadamard_rotation(128))
+    args[name] = make(args)
+    with pytest.raises(ValueError) as info:
+        mod.tq_store(**args)
+    msg = str(info.value)
+    assert msg.startswith(f"{name}: expected") and words in msg and ", got " in msg, msg
+
+
+def _planted(sources, tmp_path, name, old, new, count=1):
+    path, text = sources[name]
+    assert text.count(old) == count, (old, text.count(old))
+    bad = tmp_path / f"planted_{name}.py"
+    bad.write_text(text.replace(old, new))
+    return load_module(bad)
+
+
+def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
+    """Swapped nibble order, then the V scale read from the K norm's field."""
+    name = "tq_decode_triton_d128_qg8_bs16"
+    swapped = _planted(sources, tmp_path, name, "(k_packed & NIBBLE_MASK)", "(k_packed >> NIBBLE_BITS)")
+    assert _failures(verify_tq.check_decode(swapped, SPEC, "cpu", extra_cases=False))
+    plan = tq_decode.lower(SPEC, VARIANTS[name])
+    wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")
+    assert _failures(verify_tq.check_decode(wrong_field, SPEC, "cpu", extra_cases=False))
+
+
+def test_planted_store_bugs_fail_the_check(sources, tmp_path):
+    name = "tq_store_d128_bs32"
+    ties_up = _planted(sources, tmp_path, name, "(y_odd > midpoint)", "(y_odd >= midpoint)")
+    results = verify_tq.check_store(ties_up, SPEC, "cpu")
+    assert _failures(results) and "exact ties went to the wrong centroid" in results[0]["detail"], results
+    swapped = _planted(sources, tmp_path, name, "(k_index_even | (k_index_odd << NIBBLE_BITS))", "(k_index_odd | (k_index_even << NIBBLE_BITS))")
+    assert all(not r["ok"] for r in verify_tq.check_store(swapped, SPEC, "cpu"))
+
