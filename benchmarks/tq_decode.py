@@ -91,10 +91,14 @@ def main() -> None:
             kh, vh = kh.contiguous(), vh.contiguous()
             exact = F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True)[:, :, 0]
             cos = F.cosine_similarity(out.float(), exact.float(), dim=-1).mean().item()
-            kd, vd = dequantize(cache, block_table, ctx, centroids)
             q_rot = (q.float() @ rotation).bfloat16()
-            deq = F.scaled_dot_product_attention(q_rot[:, :, None].float(), kd.float(), vd.float(), scale=scale, enable_gqa=True)[:, :, 0]
-            err = (out.float() - deq).abs().max().item()
+            err = 0.0
+            chunk = max(1, (1 << 18) // ctx)  # fp32 reference a few sequences at a time (64 x 32K needs >64 GB at once)
+            for s0 in range(0, num_seqs, chunk):
+                kd, vd = dequantize(cache, block_table[s0 : s0 + chunk], ctx, centroids)
+                deq = F.scaled_dot_product_attention(q_rot[s0 : s0 + chunk, :, None].float(), kd.float(), vd.float(),
+                                                     scale=scale, enable_gqa=True)[:, :, 0]
+                err = max(err, (out[s0 : s0 + chunk].float() - deq).abs().max().item())
 
             ours = cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
             ours_db = do_bench_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kgen.emit import Output, header, spec_sha256
 from kgen.ops import OPS
-from kgen.render import render, templates_dir, templates_sha256
+from kgen.render import render, template_closure, templates_dir, templates_sha256
 from kgen.spec import Spec, load_spec
 
 
@@ -33,10 +33,10 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
     source_path = project_path(spec, root)
     spec_sha = spec_sha256(spec.normalized)
     directory = templates_dir(root)
-    variants = op.variants(spec)
-    tmpl_sha = templates_sha256({op.template_for(v) for v in variants}, directory)
     outputs = []
-    for variant in variants:
+    for variant in op.variants(spec):
+        # A variant's header hashes exactly the templates it is rendered from (includes too).
+        tmpl_sha = templates_sha256(template_closure(op.template_for(variant), directory), directory)
         plan = op.lower(spec, variant)
         source = render(op.template_for(variant), {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
         backend = getattr(plan, "backend", None) or spec.backends[0]

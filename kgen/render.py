@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import black
 import jinja2
+import jinja2.meta
 
 from kgen.errors import KgenError
 from kgen.toolchain import LINE_LENGTH
@@ -46,6 +47,20 @@ def render(template: str, context: dict[str, Any], origin: str, directory: Path 
     except SyntaxError as err:
         raise KgenError(f"templates/{template} rendered invalid Python for {origin}: line {err.lineno}: {err.msg}") from None
     return black.format_str(source, mode=black.Mode(line_length=LINE_LENGTH))
+
+
+def template_closure(template: str, directory: Path = TEMPLATES_DIR) -> set[str]:
+    """The template and every template it includes or extends, transitively."""
+    env = _environment(directory.resolve())
+    seen, todo = set(), [template]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]
+        todo += [t for t in jinja2.meta.find_referenced_templates(env.parse(source)) if t]
+    return seen
 
 
 def templates_sha256(templates: Iterable[str], directory: Path = TEMPLATES_DIR) -> str:

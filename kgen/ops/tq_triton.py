@@ -1,7 +1,8 @@
 """Triton part of the TQ lowering: the decode and store kernels' own numbers and addresses.
 
 The Triton decode keeps the QG query heads of one kv head together as one padded matrix of
-Q_ROWS rows and streams the kv head's cache once per partition, in tiles of TILE_TOKENS tokens.
+Q_ROWS rows and streams the kv head's cache once per partition, in tiles of TILE_TOKENS tokens,
+loading each token's packed K (and V) bytes token-major so the loads are coalesced.
 Packed bytes are never interleaved: byte j of a 4-bit field holds elements 2j and 2j+1, so the
 kernels work on the even and odd halves of head_dim separately (q_even . C[lo] + q_odd . C[hi]).
 
@@ -21,8 +22,12 @@ import sympy
 from kgen.algebra import FloorDiv, Mod, Range, TensorLayout, TritonPrinter, decide_width, index_symbol
 
 MIN_DOT = 16  # the smallest M, N and K that tl.dot accepts
-TILE_TOKENS_TARGET = 64  # decode schedule: tokens per inner-loop tile (QK's N, PV's K)
-DECODE_WARPS = 4  # decode schedule: warps per program
+# Decode schedule, measured on an H200 (benchmarks/tq_decode_variants.py, 2026-12): 128-token
+# tiles with 4 warps and a 3-stage software pipeline beat 64-token tiles and 8 warps at every size
+# (16 x 32K at Hk=8: 699 us against 829-1229 us); 2 warps or 256-token tiles spill registers.
+TILE_TOKENS_TARGET = 128  # tokens per inner-loop tile (QK's N, PV's K)
+DECODE_WARPS = 4  # warps per program
+DECODE_STAGES = 3  # software-pipeline depth of the tile loop's cache loads
 STORE_WARPS = 8  # store schedule: the four fp32 64x64 rotation blocks need the registers of 8 warps
 
 
@@ -44,6 +49,7 @@ def lower_kernel(ctx):
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
+        "NUM_STAGES": DECODE_STAGES,  # pipeline depth of the tile loop
     }
 
     S = ctx.sym
