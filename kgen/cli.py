@@ -1,4 +1,4 @@
-"""kgen command line: build · verify · list · show.
+"""kgen command line: build · verify · list · show · doctor.
 
 Exit status: 0 ok, 1 verification failed, 2 bad usage or bad spec.
 """
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -19,18 +21,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _configure(args)
         return args.run(args)
     except KgenError as err:
         print(f"kgen: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `kgen list | head`
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgen", description="Generate verified GPU kernels from YAML specs.")
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
-    p.add_argument("--root", type=Path, default=Path("."), help="project root holding specs/ and generated/ (default: .)")
+    p.add_argument("--root", type=Path, default=None,
+                   help="project root holding specs/ and generated/ (default: the nearest folder at or above . with "
+                        "a specs/ folder or a pyproject.toml with [tool.kgen], whose paths it may set)")
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
     b = sub.add_parser("build", help="generate kernels for the specs (all of specs/*.yaml when none is named)")
@@ -46,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--no-numerics", action="store_true", help="skip the numerical tier")
     v.add_argument("--no-compile", action="store_true", help="skip the FlyDSL compile tier (trust the lock's ISA counts)")
     v.add_argument("--only", metavar="GLOB", help="numerics only for variants whose name matches (e.g. '*triton*')")
+    v.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or one JSON report on stdout, for tools")
+    v.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    v.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N", help="run up to N numerics/compile subprocesses at once (0: one per core; default 1)")
     v.set_defaults(run=_verify)
 
     ls = sub.add_parser("list", help="list the variants every spec produces, with their axes")
@@ -55,7 +66,57 @@ def _parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="show a variant's derived plan: numbers, index expressions, proofs")
     sh.add_argument("variant")
     sh.set_defaults(run=_show)
+
+    d = sub.add_parser("doctor", help="versions, and which of Triton interpreter, CUDA GPU, FlyDSL compile-only work")
+    d.add_argument("--format", choices=("text", "json"), default="text")
+    d.set_defaults(run=_doctor)
     return p
+
+
+def _configure(args) -> None:
+    """args.root (found when not given) and args.config ([tool.kgen] of its pyproject.toml)."""
+    from kgen.config import find_root, load_config
+
+    if getattr(args, "run", None) is _doctor:
+        return
+    if args.root is None:
+        found = find_root(Path.cwd())
+        args.root = Path(".") if found == Path.cwd().resolve() else found
+    args.config = load_config(args.root)
+
+
+def _spec_args(args) -> list[str] | None:
+    """The named specs, or every *.yaml in the configured specs folder."""
+    from kgen.errors import SpecError
+
+    if getattr(args, "specs", None):
+        return args.specs
+    folder = args.config.specs
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        raise SpecError(str(folder), None, "", "no spec files (*.yaml) found")
+    return [str(f) for f in files]
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of jobs, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 (one per core) or more, got {n}")
+    return n or (os.cpu_count() or 1)
+
+
+def _doctor(args) -> int:
+    from kgen.doctor import print_report, report
+
+    data = report()
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print_report(data)
+    return 0 if data["ok"] else 1
 
 
 def _device(choice: str) -> str:
@@ -68,12 +129,12 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _print_numerics(results) -> bool:
+def _print_numerics(results, say=print) -> bool:
     ok = True
     for r in results:
-        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.variant} [{r.device}]")
+        say(f"  {'ok  ' if r.ok else 'FAIL'} {r.variant} [{r.device}]")
         for line in r.lines:
-            print(f"       {line}")
+            say(f"       {line}")
         ok &= r.ok
     return ok
 
@@ -84,8 +145,8 @@ def _build(args) -> int:
     from kgen.verify.numerics import run_numerics
 
     root = args.root
-    specs = load_all(args.specs, root)
-    generated = root / "generated"
+    specs = load_all(_spec_args(args), root)
+    generated = args.config.generated
     outputs = {project_path(s, root): generate(s, root) for s in specs}  # everything in memory before anything is written
 
     changed = {
@@ -128,54 +189,160 @@ def _build(args) -> int:
 
 
 def _verify(args) -> int:
+    as_json = args.format == "json"
+    report: dict = {"ok": False, "exit_code": 2, "compile": None, "drift": None, "numerics": []}
+    try:
+        code = _verify_run(args, report, (lambda *a, **k: None) if as_json else print)
+    except KgenError as err:
+        if not as_json:
+            raise
+        report.update(exit_code=err.exit_code, error=str(err))
+        print(json.dumps(report, indent=2))
+        return err.exit_code
+    if as_json:
+        report.update(ok=code == 0, exit_code=code)
+        print(json.dumps(report, indent=2))
+    return code
+
+
+def _verify_run(args, report: dict, say) -> int:
+    """The verify tiers; `say` prints the text report (a no-op for --format json), `report`
+    collects the same findings as data."""
     from kgen.emit import read_lock
     from kgen.generate import generate, load_all, project_path
     from kgen.verify.drift import drift_problems
-    from kgen.verify.numerics import run_numerics
 
     root = args.root
-    specs = load_all(args.specs, root)  # static tier: spec constraints and index proofs run here
-    generated = root / "generated"
+    specs = load_all(_spec_args(args), root)  # static tier: spec constraints and index proofs run here
+    generated = args.config.generated
     outputs = {project_path(s, root): generate(s, root) for s in specs}
     failures = 0
+    progress = _Progress(enabled=not getattr(args, "no_progress", False))
     if any(o.compile_arch for outs in outputs.values() for o in outs):
+        lines: list[str] = []
+        report["compile"] = {"ok": True, "mode": "lock" if args.no_compile else "compiled", "lines": lines}
+
+        def log(line: str) -> None:
+            lines.append(line)
+            say(line)
+
         try:
-            outputs = _with_isa(outputs, generated, read_lock(generated), "lock" if args.no_compile else "all")
+            outputs = _with_isa(outputs, generated, read_lock(generated), "lock" if args.no_compile else "all",
+                                jobs=args.jobs, log=log, progress=progress)
         except VerifyFailure as err:
-            print(f"compile: {err}")
+            say(f"compile: {err}")
+            report["compile"].update(ok=False, error=str(err))
             failures += 1
 
     problems = drift_problems(generated, [o for outs in outputs.values() for o in outs], list(outputs))
-    print(f"drift: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    report["drift"] = {"ok": not problems, "problems": list(problems)}
+    say(f"drift: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     for line in problems:
-        print(f"  {line}")
+        say(f"  {line}")
     if problems:
         failures += 1
         named = " ".join(args.specs)
-        print(f"  fix: kgen build {named}".rstrip())
+        say(f"  fix: kgen build {named}".rstrip())
 
     if not args.no_numerics:
         device = _device(args.device)
+        work = {}
         for path, outs in outputs.items():
             modules = {o.variant: generated / o.relpath for o in outs if (generated / o.relpath).exists()}
             if args.only:
                 modules = {name: path for name, path in modules.items() if fnmatch.fnmatch(name, args.only)}
-            if not modules:
-                continue
-            print(f"numerics: {path} on {device} ({'Triton interpreter' if device == 'cpu' else 'GPU'})")
-            if not _print_numerics(run_numerics(str(root / path), modules, device)):
+            if modules:
+                work[path] = modules
+        results = _numerics(root, work, device, args.jobs, progress)
+        for path in work:
+            say(f"numerics: {path} on {device} ({'Triton interpreter' if device == 'cpu' else 'GPU'})")
+            report["numerics"].append({
+                "spec": path, "device": device,
+                "variants": [{"variant": r.variant, "device": r.device, "ok": r.ok, "lines": list(r.lines)} for r in results[path]],
+            })
+            if not _print_numerics(results[path], say):
                 failures += 1
     if failures:
         raise VerifyFailure("verification failed")
-    print("kgen verify: ok")
+    say("kgen verify: ok")
     return 0
 
 
-def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str) -> dict:
+class _Progress:
+    """Progress of long runs on stderr: one line rewritten in place on a terminal, plain lines
+    otherwise (logs, CI), nothing when disabled."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def start(self, label: str, total: int):
+        import time
+
+        self.label, self.total, self.done, self.t0 = label, total, 0, time.monotonic()
+        self._show("started")
+
+    def step(self, what: str, ok: bool = True):
+        self.done += 1
+        self._show(f"{'ok' if ok else 'FAIL'} {what}")
+        if self.tty and self.done == self.total:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def _show(self, what: str):
+        import time
+
+        if not self.enabled:
+            return
+        text = f"kgen: {self.label} [{self.done}/{self.total}, {time.monotonic() - self.t0:.0f} s] {what}"
+        if self.tty:
+            self.stream.write("\r\033[K" + text[: shutil_columns() - 1])
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def shutil_columns() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def _numerics(root: Path, work: dict, device: str, jobs: int, progress: _Progress | None = None) -> dict:
+    """Run the numerics workers: with jobs > 1 each spec's variants are split into up to `jobs`
+    chunks, one worker subprocess each, run at once by a thread pool. Results keep spec and
+    variant order, so the report reads the same for every -j."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from kgen.verify.numerics import run_numerics
+
+    units = []
+    for path, modules in work.items():
+        names = list(modules)
+        n = max(1, min(jobs, len(names)))
+        for k in range(n):
+            units.append((path, {name: modules[name] for name in names[k::n]}))
+    if progress:
+        progress.start(f"numerics on {device}", sum(len(m) for _, m in units))
+    by_variant = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_numerics, str(root / path), chunk, device): path for path, chunk in units}
+        for fut in as_completed(futures):
+            for r in fut.result():
+                by_variant[(futures[fut], r.variant)] = r
+                if progress:
+                    progress.step(r.variant, r.ok)
+    return {path: [by_variant[(path, name)] for name in modules] for path, modules in work.items()}
+
+
+def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str, jobs: int = 1, log=print, progress=None) -> dict:
     """Attach ISA counts to FlyDSL outputs. mode "all": compile every one (verify); "changed":
     compile those whose content differs from the lock's record (build); "lock": copy the lock's
     counts without compiling (--no-compile). Raises VerifyFailure when a variant does not compile
-    or its assembly breaks a design rule."""
+    or its assembly breaks a design rule. Compiles run `jobs` at a time (subprocesses)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from kgen.verify.flydsl import compile_outputs
 
     flydsl = [o for outs in outputs.values() for o in outs if o.compile_arch]
@@ -185,11 +352,29 @@ def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str) -> dict:
         print("kgen: --no-compile: FlyDSL ISA counts taken from the lock, not compiled", file=sys.stderr)
         recorded = lambda o: {k: v for k, v in lock.get(o.relpath, {}).get("isa", {}).items() if k != "arch"}  # noqa: E731
         return {p: [o.with_isa(recorded(o)) if o.compile_arch else o for o in outs] for p, outs in outputs.items()}
-    print(f"compile: {len(flydsl)} FlyDSL variant(s) in compile-only mode")
+    log(f"compile: {len(flydsl)} FlyDSL variant(s) in compile-only mode")
+    reuse = lock if mode == "changed" else None
+
+    def one(out):
+        lines: list[str] = []
+        done, found = compile_outputs([out], generated, reuse, log=lines.append)
+        if progress and out.compile_arch:
+            progress.step(out.variant, not found)
+        return done[0], found, lines
+
+    if progress:
+        progress.start("compile", len(flydsl))
     result, problems = {}, {}
-    for path, outs in outputs.items():
-        result[path], found = compile_outputs(outs, generated, lock if mode == "changed" else None)
-        problems.update(found)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {path: [pool.submit(one, o) for o in outs] for path, outs in outputs.items()}
+        for path, futs in futures.items():  # in order: the log reads the same for every -j
+            result[path] = []
+            for fut in futs:
+                done, found, lines = fut.result()
+                result[path].append(done)
+                problems.update(found)
+                for line in lines:
+                    log(line)
     if problems:
         raise VerifyFailure(f"{len(problems)} FlyDSL variant(s) failed the compile tier: {', '.join(problems)}")
     return result
@@ -197,9 +382,8 @@ def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str) -> dict:
 
 def _list(args) -> int:
     from kgen.ops import OPS
-    from kgen.generate import load_all
 
-    for spec in load_all(args.specs, args.root):
+    for spec in _load_checked(_spec_args(args), args.root):
         for v in OPS[spec.op].variants(spec):
             axes = " ".join(f"{k}={val}" for k, val in v.values.items())
             print(f"{v.name:40s} {spec.path}  {axes}")
@@ -210,7 +394,7 @@ def _show(args) -> int:
     from kgen.ops import OPS
     from kgen.generate import load_all
 
-    for spec in load_all(None, args.root):
+    for spec in load_all(_spec_args(args), args.root):
         op = OPS[spec.op]
         for v in op.variants(spec):
             if v.name == args.variant:
@@ -235,6 +419,61 @@ def _show(args) -> int:
                         print(f"  {name:12s} {text}")
                 return 0
     raise KgenError(f"no variant named {args.variant!r} (see `kgen list`)")
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("KGEN_CACHE_DIR"):
+        return Path(os.environ["KGEN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kgen"
+
+
+def _source_sha256() -> str:
+    """Hash of kgen's own Python source: a spec that passed the checks of this exact kgen passes
+    them again (the checks are deterministic functions of the spec and this code)."""
+    import hashlib
+
+    digest = hashlib.sha256(sys.version.encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _load_checked(paths: list[str] | None, root: Path) -> list:
+    """load_all, but the operators' constraint and proof checks (seconds of sympy for tq_decode)
+    are skipped for a spec whose exact bytes already passed them under this exact kgen source;
+    a spec that fails is never recorded, so its error shows on every run. Keeps `kgen list` fast."""
+    import hashlib
+
+    from kgen.errors import SpecError
+    from kgen.generate import find_specs
+    from kgen.spec import load_spec
+
+    files = [Path(p) for p in paths] if paths else find_specs(root)
+    if not files:
+        raise SpecError(str(root / "specs"), None, "", "no spec files (*.yaml) found")
+    source = _source_sha256()
+    folder = _cache_dir() / "checked"
+    specs, seen = [], {}
+    for f in files:
+        try:
+            key = hashlib.sha256(source.encode() + b"\0" + f.read_bytes()).hexdigest()
+        except OSError:
+            key = None  # load_spec reports the unreadable file
+        marker = folder / key if key else None
+        known = marker is not None and marker.is_file()
+        spec = load_spec(f, check=not known)
+        if marker is not None and not known:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{f}\n")
+            except OSError:
+                pass  # a read-only cache only costs time
+        if spec.name in seen:
+            raise SpecError(spec.path, 1, "name", f"spec name {spec.name!r} is also used by {seen[spec.name]}")
+        seen[spec.name] = spec.path
+        specs.append(spec)
+    return specs
 
 
 def _flatten(printed, prefix=""):

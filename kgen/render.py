@@ -16,11 +16,30 @@ import jinja2.meta
 from kgen.errors import KgenError
 from kgen.toolchain import LINE_LENGTH
 
-# kgen's own templates; a project root with a templates/ folder of its own uses that instead.
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+def _packaged_templates() -> Path:
+    """kgen's own templates: the checkout's top-level templates/ (source tree, editable install),
+    else the copy shipped inside the installed package as kgen/templates (wheel install)."""
+    checkout = Path(__file__).resolve().parent.parent / "templates"
+    if (checkout / "triton").is_dir():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("kgen") / "templates"))
+
+
+# A project root with a templates/ folder of its own uses that instead.
+TEMPLATES_DIR = _packaged_templates()
 
 
 def templates_dir(root: Path) -> Path:
+    """[tool.kgen].templates of the root's pyproject.toml, else root/templates when it exists,
+    else kgen's own templates."""
+    from kgen.config import load_config
+
+    configured = load_config(root).templates
+    if configured is not None:
+        return configured
     return root / "templates" if (root / "templates").is_dir() else TEMPLATES_DIR
 
 

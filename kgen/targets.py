@@ -72,3 +72,39 @@ GFX950 = AmdTarget(
 )
 
 AMD_TARGETS = {"gfx950": GFX950}
+
+
+# ---- NVIDIA (Triton backend) ------------------------------------------------------------------
+
+# The first compute capability whose PTX has a native atomic add for an element type, with the
+# instruction (PTX ISA, "atom" / "red": .f32 since sm_20, .f64 since sm_60, .noftz.f16 since sm_70,
+# .noftz.bf16 since sm_90; .u64 since sm_20). Lowerings derive accumulation choices from this.
+ATOMIC_ADD_SINCE = {
+    "float32": (20, "atom.global.add.f32"),
+    "float64": (60, "atom.global.add.f64"),
+    "float16": (70, "atom.global.add.noftz.f16"),
+    "bfloat16": (90, "atom.global.add.noftz.bf16"),
+    "int64": (20, "atom.global.add.u64"),
+}
+
+
+@dataclass(frozen=True)
+class NvidiaTarget:
+    arch: str  # e.g. "sm_90"
+    compute_capability: int  # e.g. 90
+
+    def native_atomic_add(self, dtype: str) -> bool:
+        since = ATOMIC_ADD_SINCE.get(dtype)
+        return since is not None and self.compute_capability >= since[0]
+
+    def atomic_add_reason(self, dtype: str) -> str:
+        since = ATOMIC_ADD_SINCE.get(dtype)
+        if since is None:
+            return f"no native atomic add for {dtype} on NVIDIA GPUs"
+        have = "has" if self.native_atomic_add(dtype) else "lacks"
+        return f"{self.arch} {have} {since[1]} (native since sm_{since[0]})"
+
+
+NVIDIA_TARGETS = {
+    f"sm_{cc}": NvidiaTarget(f"sm_{cc}", cc) for cc in (70, 75, 80, 86, 89, 90, 100, 120)
+}

@@ -25,7 +25,7 @@ def test_rebuild_writes_nothing(project):
     before = {p: p.stat().st_mtime_ns for p in (project / "generated").rglob("*") if p.is_file()}
     proc = run_kgen("build", "--no-validate", "--no-compile", cwd=project)
     assert proc.returncode == 0, proc.stderr
-    assert "0 written, 20 unchanged" in proc.stdout
+    assert "0 written, 22 unchanged" in proc.stdout
     after = {p: p.stat().st_mtime_ns for p in (project / "generated").rglob("*") if p.is_file()}
     assert before.keys() == after.keys()
     assert all(before[p] == after[p] for p in before if p.name != "kgen.lock")
@@ -46,7 +46,7 @@ def test_edited_template_fails_verify(project):
     template.write_text(template.read_text().replace("# Zero padding:", "# Zero padding (edited):"))
     proc = run_kgen("verify", "--no-numerics", "--no-compile", cwd=project)
     assert proc.returncode == 1
-    assert proc.stdout.count("differs from what specs/msda.yaml generates now") == 6
+    assert proc.stdout.count("differs from what specs/msda.yaml generates now") == 8
 
 
 def test_lock_tampering_and_stray_files_fail_verify(project):
@@ -69,7 +69,7 @@ def test_outputs_no_spec_produces_are_removed(project):
     assert proc.returncode == 0, proc.stderr
     assert "WARNING: --no-validate" in proc.stderr
     remaining = sorted(p.name for p in (project / "generated" / "msda").glob("*.py"))
-    assert remaining == [f"msda_fwd_{t}_m8_d32_l4_k4.py" for t in ("bf16", "f16", "f32")]
+    assert remaining == [f"msda_fwd_{t}_m8_d32_l4_k4.py" for t in ("bf16", "f16", "f32", "f64")]
     lock = json.loads((project / "generated" / "kgen.lock").read_text())
     assert sorted(k for k in lock["outputs"] if k.startswith("msda/")) == [f"msda/{n}" for n in remaining]
     assert any(k.startswith("tq_decode/") for k in lock["outputs"]), "other specs' entries are kept"
@@ -79,10 +79,10 @@ def test_outputs_no_spec_produces_are_removed(project):
 def test_build_refuses_a_kernel_that_fails_its_reference(project):
     """A planted template bug: validation catches it and nothing is written."""
     spec = project / "specs" / "msda.yaml"
-    text = spec.read_text().replace("dtype: [float32, float16, bfloat16]", "dtype: [float32]").replace("D: [32, 48]", "D: [32]")
+    text = spec.read_text().replace("dtype: [float32, float16, bfloat16, float64]", "dtype: [float32]").replace("D: [32, 48]", "D: [32]")
     spec.write_text(text.replace("    - {batch: 1, queries: 5,", "    # - {batch: 1, queries: 5,"))
     template = project / "templates" / "triton" / "msda_fwd.py.jinja"
-    template.write_text(template.read_text().replace("y = loc_y * height.to(tl.float32) - 0.5", "y = loc_y * height.to(tl.float32) - 0.25"))
+    template.write_text(template.read_text().replace("y = loc_y * height.to({{ p.acc }}) - 0.5", "y = loc_y * height.to({{ p.acc }}) - 0.25"))
     before = {p: p.read_bytes() for p in (project / "generated").rglob("*") if p.is_file()}
     proc = run_kgen("build", "--device", "cpu", cwd=project)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -26,7 +26,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_shipped_spec_loads():
     spec = load_spec(ROOT / "specs" / "msda.yaml")
-    assert spec.name == "msda" and len(spec.variant_points()) == 6
+    assert spec.name == "msda" and len(spec.variant_points()) == 8
 
 
 def test_bad_value_names_file_line_field_and_expectation(tmp_path):
@@ -60,12 +60,14 @@ def test_unknown_key(tmp_path):
     "old, new, field, expected",
     [
         ("B: {max: 64, doc: batch}", "B: {max: -3, doc: batch}", "dims.B.max", "expected an integer between 1 and"),
-        ("dtype: [float32, float16, bfloat16]", "dtype: [float32, float8]", "variants.axes.dtype", "item 1: expected one of"),
+        ("dtype: [float32, float16, bfloat16, float64]", "dtype: [float32, float8]", "variants.axes.dtype", "item 1: expected one of"),
         ("value:              {shape: [B, S, M, D]", "value:              {shape: [B, S, M, X]", "tensors.value.shape", "expected a dim name"),
         ("attention_weights:  {shape: [B, Q, M, L, K]", "attention_weights:  {shape: [B, Q, M, K]", "tensors.attention_weights.shape", "expected ['B', 'Q', 'M', 'L', 'K']"),
         ("float16:  {atol: 2.0e-3, rtol: 2.0e-3}", "float16:  {atol: lots, rtol: 2.0e-3}", "validation.tolerances.float16.atol", "expected a number >= 0.0, got 'lots'"),
         ("op: msda_forward", "op: msda_backward", "op", "expected one of msda_forward"),
-        ("  exclude: []", "  exclude: [{dtype: float64}]", "variants.exclude[0].dtype", "expected one of the axis values"),
+        ("  exclude: []", "  exclude: [{D: 64}]", "variants.exclude[0].D", "expected one of the axis values"),
+        ("  target: sm_90", "  target: gfx950", "schedule.target", "expected one of sm_70"),
+        ("  deterministic: false", "  deterministic: maybe", "schedule.deterministic", "expected true or false"),
     ],
 )
 def test_bad_values_are_located(tmp_path, old, new, field, expected):

@@ -1,9 +1,32 @@
-"""Multi-scale deformable attention, forward (operators.md §1), lowered for Triton.
+"""Multi-scale deformable attention, forward and backward (operators.md §1), lowered for Triton.
 
 Tiling (the query-block design): one program owns BLOCK_Q consecutive queries of one
 (batch, head) pair and all L·K sampling points of each, accumulating a (BLOCK_Q, BLOCK_D) fp32
 tile in registers. Sampling parameters load coalesced over the query block; each corner gather
 reads a contiguous D-channel row of `value`.
+
+Backward: the same grid and the same address expressions. A program recomputes the four corners
+of each sampling point, writes that point's location and weight gradients with plain stores (one
+program owns them) and scatters attn · corner weight · grad_out into grad_value with atomic adds.
+How grad_value accumulates is derived here, not tabled by hand: from the spec's target
+(`schedule.target`, facts in kgen/targets.py) and `schedule.deterministic`:
+  - native: atomic adds in the input dtype, where the target has them for that dtype;
+  - fp32: an fp32 buffer (fp32 atomics), cast to the input dtype at the end, where it has not;
+  - fixed point (deterministic): each contribution is scaled by a power of two 2^e and truncated
+    to int64, the int64 atomic adds are associative and commutative, so the sum is bitwise the
+    same in any order; then one pass converts back. e is picked per call on the device from a
+    bound on any pixel's sum (Q·K·max|attn|·max|grad_out| ≤ 2^61), no host synchronization.
+
+Cost model of the deterministic backward against the atomic one (same kernel otherwise):
+  - the same atomic count (B·Q·M·L·K·4 corner rows of D channels), as 8-byte int64 adds instead
+    of 4-byte fp32 (or 2-byte native f16/bf16) adds: the scatter is bound by atomic throughput
+    at the L2, which Hopper serves for 32- and 64-bit integer adds alike;
+  - an int64 buffer of B·S·M·D·8 bytes (zeroed, then converted: read 8 B, write the dtype)
+    instead of an fp32 buffer (4 B) or none (native atomics);
+  - two max-reductions before the kernel (|attention_weights|, |grad_output|: one extra read of
+    grad_output, B·Q·M·D elements) to pick e;
+  - precision: each contribution is truncated at 2^-e = bound·2^-61, i.e. 2^-61 of the largest
+    sum possible; fp32 accumulation rounds at 2^-24 of the running sum.
 
 Everything the kernel computes an address from is derived here from the spec's dims and layouts
 with sympy; the template only receives printed expressions and numbers.
@@ -31,6 +54,7 @@ from kgen.errors import SpecError
 from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tolerances
 from kgen.spec import reader as r
 from kgen.spec.model import Dim, Spec, Variant
+from kgen.targets import NVIDIA_TARGETS
 
 backends = ("triton",)
 
@@ -63,6 +87,8 @@ class Schedule:
     block_q: int
     num_warps: int
     num_stages: int
+    target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
+    deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
 
 
 @dataclass(frozen=True)
@@ -81,6 +107,8 @@ class Options:
     schedule: Schedule
     padding: str
     tolerances: Mapping[str, Tolerance]
+    grad_tolerances: Mapping[str, Tolerance]
+    grad_cases: tuple[Case, ...]
     cpu_cases: tuple[Case, ...]
     gpu_cases: tuple[Case, ...]
 
@@ -91,6 +119,8 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         block_q=sched.get("block_q", r.power_of_two(8, 256)),
         num_warps=sched.get("num_warps", r.power_of_two(1, 16)),
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
+        target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
+        deterministic=sched.get("deterministic", r.boolean, default=False),
     )
     sched.finish()
 
@@ -102,12 +132,14 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
     val = root.section("validation")
     dtypes = tuple(axes.get("dtype", ()))
     tolerances = parse_tolerances(val.section("tolerances"), dtypes)
+    grad_tolerances = parse_tolerances(val.section("grad_tolerances"), dtypes)
+    grad_cases = tuple(_parse_case(c) for c in val.items_of("grad_cases"))
     cpu_cases = tuple(_parse_case(c) for c in val.items_of("cpu_cases"))
     gpu_cases = tuple(_parse_case(c) for c in val.items_of("gpu_cases"))
     if not cpu_cases:
         raise val.error("cpu_cases", "required: at least one case for the CPU (interpreter) tier")
     val.finish()
-    return Options(schedule, padding, tolerances, cpu_cases, gpu_cases)
+    return Options(schedule, padding, tolerances, grad_tolerances, grad_cases, cpu_cases, gpu_cases)
 
 
 def _parse_case(section: r.Section) -> Case:
@@ -159,7 +191,7 @@ def check_spec(spec: Spec, root: r.Section) -> None:
         raise SpecError(spec.path, spec.tensors["output"].line, "tensors.output.layout", "the output is returned as (B, Q, M*D): expected row-major")
     for point in spec.variant_points():
         consts = spec.constants(point)
-        for case in spec.options.cpu_cases + spec.options.gpu_cases:
+        for case in spec.options.grad_cases + spec.options.cpu_cases + spec.options.gpu_cases:
             if len(case.spatial_shapes) != consts["L"]:
                 raise SpecError(spec.path, case.line, "validation.spatial_shapes", f"expected {consts['L']} levels (L), got {len(case.spatial_shapes)}")
         lower(spec, Variant(variant_name(spec, point), point))  # constraint proofs run at load time
@@ -168,10 +200,11 @@ def check_spec(spec: Spec, root: r.Section) -> None:
 # ---- variants ---------------------------------------------------------------------------------
 
 
-def variant_name(spec: Spec, point: Mapping[str, Any]) -> str:
-    """A name that encodes every axis and constant, e.g. msda_fwd_bf16_m8_d32_l4_k4."""
+def variant_name(spec: Spec, point: Mapping[str, Any], direction: str = "fwd") -> str:
+    """A name that encodes every axis and constant, e.g. msda_fwd_bf16_m8_d32_l4_k4 (the module,
+    its forward custom op) or msda_bwd_bf16_m8_d32_l4_k4 (its backward custom op)."""
     c = spec.constants(point)
-    return f"{spec.name}_fwd_{SHORT_DTYPE[point['dtype']]}_m{c['M']}_d{c['D']}_l{c['L']}_k{c['K']}"
+    return f"{spec.name}_{direction}_{SHORT_DTYPE[point['dtype']]}_m{c['M']}_d{c['D']}_l{c['L']}_k{c['K']}"
 
 
 def variants(spec: Spec) -> list[Variant]:
@@ -198,8 +231,19 @@ class Plan:
     spec_name: str
     variant: str
     kernel: str
+    bwd_kernel: str
+    fwd_op: str  # torch.library names, unique per variant
+    bwd_op: str
     dtype: str
     torch_dtype: str
+    acc: str  # Triton dtype of the arithmetic: fp32, fp64 for the float64 variant
+    acc_torch: str
+    target: str
+    deterministic: bool
+    grad_accum: str  # "native", "fp32" or "fixed_point": how grad_value's scatter accumulates
+    accum_torch_dtype: str  # dtype of the tensor the atomic adds go to on the GPU
+    interpreter_accum_torch_dtype: str  # the same under the Triton interpreter (no bf16 atomics)
+    fixed_point_bits: int  # fixed point: any pixel's |sum| * 2^e stays below 2^this
     heads: int
     head_dim: int
     levels: int
@@ -286,6 +330,27 @@ def lower(spec: Spec, variant: Variant) -> Plan:
     if 2 * maxima["S"] + 2 > 2**31 - 1:
         raise SpecError(spec.path, None, "dims.S.max", "pixel coordinates are computed in int32; S's max must stay below 2^30")
 
+    # How the backward accumulates grad_value, from the target's atomics and the spec's option.
+    dtype = variant.values["dtype"]
+    target = NVIDIA_TARGETS[opts.schedule.target]
+    acc = "float64" if dtype == "float64" else "float32"
+    fixed_point_bits = 61
+    if opts.schedule.deterministic:
+        if not target.native_atomic_add("int64"):
+            raise SpecError(spec.path, None, "schedule.deterministic", f"needs int64 atomic adds: {target.atomic_add_reason('int64')}")
+        grad_accum, accum = "fixed_point", "int64"
+        accum_why = (
+            f"deterministic: contributions * 2^e truncated to int64, {target.atomic_add_reason('int64')}; "
+            f"e per call so that Q*K*max|attn|*max|grad_out| * 2^e <= 2^{fixed_point_bits}"
+        )
+    elif target.native_atomic_add(dtype):
+        grad_accum, accum, accum_why = "native", dtype, target.atomic_add_reason(dtype)
+    else:
+        grad_accum, accum = "fp32", "float32"
+        accum_why = f"{target.atomic_add_reason(dtype)}: fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
+    # The Triton interpreter (CPU) has no bfloat16 atomics: it accumulates bf16 in fp32 instead.
+    interpreter_accum = "float32" if accum == "bfloat16" else accum
+
     runtime_dims = tuple((n, maxima[n], spec.dims[n].doc) for n in RUNTIME_DIMS)
     checks = tuple(_tensor_check(name, spec, variant, layouts[name], host) for name in CONTRACT if name != "output")
     query_mask = spec.dims["Q"].multiple_of % block_q != 0
@@ -297,14 +362,30 @@ def lower(spec: Spec, variant: Variant) -> Plan:
         Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q={block_q}"),
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
+        Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
+        Fact("backward grid", f"(cdiv(Q, {block_q}), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
+        Fact("grad_value accumulation", f"{grad_accum} ({accum})", accum_why),
+        Fact("grad_value on interpreter", interpreter_accum, "the Triton interpreter has no bfloat16 atomics"),
+        Fact("backward addresses", "as forward", "grad_value: value_base + gather; grad_out: out; grad_loc, grad_attn: loc_base, weight_base"),
     ) + tuple(Fact(f"range {s}", f"[{rg.lo}, {rg.hi}]", rg.why) for s, rg in ranges.items())
 
     return Plan(
         spec_name=spec.name,
         variant=variant.name,
         kernel=f"_{variant.name}_kernel",
-        dtype=variant.values["dtype"],
-        torch_dtype=TORCH_DTYPE[variant.values["dtype"]],
+        bwd_kernel=f"_{variant_name(spec, variant.values, 'bwd')}_kernel",
+        fwd_op=f"kgen::{variant.name}",
+        bwd_op=f"kgen::{variant_name(spec, variant.values, 'bwd')}",
+        dtype=dtype,
+        torch_dtype=TORCH_DTYPE[dtype],
+        acc=f"tl.{acc}",
+        acc_torch=TORCH_DTYPE[acc],
+        target=target.arch,
+        deterministic=opts.schedule.deterministic,
+        grad_accum=grad_accum,
+        accum_torch_dtype=TORCH_DTYPE[accum],
+        interpreter_accum_torch_dtype=TORCH_DTYPE[interpreter_accum],
+        fixed_point_bits=fixed_point_bits,
         heads=M,
         head_dim=D,
         levels=L,

@@ -1,4 +1,4 @@
-"""Reference implementations of multi-scale deformable attention (MSDA) forward.
+"""Reference implementations of multi-scale deformable attention (MSDA), forward and backward.
 
 Deformable-DETR convention:
 
@@ -25,6 +25,8 @@ Two implementations:
 - ``msda_forward_loop``: a plain loop that spells out the definition corner by
   corner. It is slow and meant for tiny shapes only; it exists as an independent
   statement of the semantics that cross-checks the grid_sample version.
+- ``msda_backward_reference``: the three gradients, by float64 autograd through the
+  grid_sample version (validates generated backward kernels).
 
 Both compute in float64 when any floating input is float64, otherwise in
 float32 (half/bfloat16 inputs are upcast), and return value's dtype.
@@ -35,7 +37,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-__all__ = ["derive_level_start_index", "msda_forward_grid_sample", "msda_forward_loop"]
+__all__ = ["derive_level_start_index", "msda_backward_reference", "msda_forward_grid_sample", "msda_forward_loop"]
 
 
 def derive_level_start_index(spatial_shapes: torch.Tensor) -> torch.Tensor:
@@ -141,3 +143,29 @@ def msda_forward_loop(
                 sample += weight * v[b, starts[l] + cy * W + cx, m]
         out[b, q, m] += attn[b, q, m, l, k] * sample
     return out.reshape(B, Q, M * D).to(value.dtype)
+
+
+def msda_backward_reference(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor | None,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    grad_output: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (value, sampling_locations, attention_weights) of <grad_output, forward>, by
+    float64 autograd through ``msda_forward_grid_sample``; returned in float64.
+
+    At a sample exactly on a pixel centre the location gradient is one-sided (bilinear
+    interpolation has a kink there); grid_sample and the kernels both take the corner at
+    floor(x), so they agree when they compute the same floor.
+    """
+    v = value.detach().double().requires_grad_(True)
+    loc = sampling_locations.detach().double().requires_grad_(True)
+    attn = attention_weights.detach().double().requires_grad_(True)
+    B, Q = loc.shape[:2]
+    if B == 0 or Q == 0:
+        return torch.zeros_like(v), torch.zeros_like(loc), torch.zeros_like(attn)
+    out = msda_forward_grid_sample(v, spatial_shapes, level_start_index, loc, attn)
+    grads = torch.autograd.grad(out, (v, loc, attn), grad_output.double())
+    return tuple(g.detach() for g in grads)

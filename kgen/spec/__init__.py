@@ -27,8 +27,10 @@ def display_path(path: str | os.PathLike) -> str:
         return p.as_posix()
 
 
-def load_spec(path: str | os.PathLike) -> Spec:
-    """Read, validate and freeze one spec file; every error is a SpecError with file:line."""
+def load_spec(path: str | os.PathLike, *, check: bool = True) -> Spec:
+    """Read, validate and freeze one spec file; every error is a SpecError with file:line.
+    check=False skips the operator's constraint and proof checks (`op.check_spec`); only for
+    callers that know this exact spec already passed them (see kgen.cli's checked cache)."""
     from kgen.ops import OPS  # the operator registry imports the spec model; import it late
 
     shown = display_path(path)
@@ -36,7 +38,11 @@ def load_spec(path: str | os.PathLike) -> Spec:
         source = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise SpecError(shown, None, "", f"cannot read spec: {err}") from None
-    data = load_located(source, shown)
+    _reject_aliases(source, shown)
+    try:
+        data = load_located(source, shown)
+    except RecursionError:
+        raise SpecError(shown, None, "", "invalid YAML: nested too deeply") from None
     root = r.Section(data, shown, "", 1)
 
     name = root.get("name", r.name)
@@ -63,10 +69,31 @@ def load_spec(path: str | os.PathLike) -> Spec:
         options=options,
         normalized=json.dumps(data, sort_keys=True, separators=(",", ":")),
     )
-    op.check_spec(spec, root)
+    if check:
+        op.check_spec(spec, root)
     if not spec.variant_points():
         raise SpecError(shown, root.line_of("variants"), "variants", "the exclusions leave no variant to emit")
     return spec
+
+
+def _reject_aliases(source: str, shown: str) -> None:
+    """Specs are plain data: YAML aliases (`*name`) would let a few lines expand into an endless
+    or exponentially large document, so they are an error, with the alias's line."""
+    import yaml
+
+    try:
+        for event in yaml.parse(source, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise SpecError(shown, line, "", f"YAML aliases (*{event.anchor}) are not supported in specs")
+    except yaml.reader.ReaderError as err:  # raised before parsing starts: not a MarkedYAMLError
+        line = source[: err.position].count("\n") + 1 if isinstance(err.position, int) else None
+        char = f"{err.character:#06x}" if isinstance(err.character, int) else repr(err.character)
+        raise SpecError(shown, line, "", f"invalid YAML: character {char} is not allowed") from None
+    except yaml.YAMLError:
+        return  # load_located reports the syntax error with its line
+    except RecursionError:
+        raise SpecError(shown, None, "", "invalid YAML: nested too deeply") from None
 
 
 def _parse_dims(section: r.Section) -> dict[str, Dim]:

@@ -1,4 +1,5 @@
-"""Numerical check of a generated MSDA forward against the float64 PyTorch reference."""
+"""Numerical check of a generated MSDA module (forward, and the backward through autograd) against
+the float64 PyTorch reference."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ from typing import Any
 
 import torch
 
-from kgen.reference.msda import derive_level_start_index, msda_forward_grid_sample
+from kgen.reference.msda import derive_level_start_index, msda_backward_reference, msda_forward_grid_sample
 
 
-def make_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int) -> dict[str, Any]:
+def make_inputs(
+    case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int, snap: bool = True
+) -> dict[str, Any]:
     """Random, never-zero inputs for one validation case; some locations snapped to exact pixel
-    edges and centres, some far outside, so the corner and padding rules are all exercised."""
+    edges and centres, some far outside, so the corner and padding rules are all exercised.
+    snap=False leaves out the exact pixel centres, where the location gradient has a kink (for
+    gradient checks: a location rounded to the input dtype may fall on either side of it)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     shapes = torch.tensor(case.spatial_shapes, dtype=torch.int64)
     levels = shapes.shape[0]
@@ -23,7 +28,7 @@ def make_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.dtype
     if loc.numel():
         # Exact grid points (i / size) and far-away samples on a fixed fraction of the points.
         size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)  # (L, 2) as (W, H)
-        snap = torch.rand(loc.shape, generator=g) < 0.15
+        snap = torch.rand(loc.shape, generator=g) < (0.15 if snap else 0.0)
         grid = torch.floor(loc * size * 2) / (size * 2)  # pixel edges and centres
         loc = torch.where(snap, grid, loc)
         far = torch.rand(loc.shape, generator=g) < 0.02
@@ -60,11 +65,59 @@ def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
             inputs["sampling_locations"].double(), inputs["attention_weights"].double(),
         )
         results.append(_compare(out, ref, tol, case, dtype))
+    grad_cases = list(opts.grad_cases) + (list(opts.gpu_cases) if device == "cuda" else [])
+    grad_tol = opts.grad_tolerances[variant.values["dtype"]]
+    for i, case in enumerate(grad_cases):
+        results += check_gradients(module, case, dtype, device, grad_tol, seed=2000 + i)
     return results
 
 
-def _compare(out: torch.Tensor, ref: torch.Tensor, tol, case, dtype) -> dict[str, Any]:
-    label = f"B={case.batch} Q={case.queries} levels={[list(s) for s in case.spatial_shapes]}"
+def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: int) -> list[dict[str, Any]]:
+    """The backward through autograd (the module's custom op) against float64 autograd through
+    the reference: one result per gradient (value, sampling_locations, attention_weights)."""
+    inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed, snap=False)
+    value, loc, attn = (inputs[n].requires_grad_(True) for n in ("value", "sampling_locations", "attention_weights"))
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    grad_out = torch.randn(case.batch, case.queries, module.HEADS * module.HEAD_DIM, generator=g).to(device=device, dtype=dtype)
+    out = module.msda_forward(value, inputs["spatial_shapes"], None, loc, attn)
+    grads = torch.autograd.grad(out, (value, loc, attn), grad_out, allow_unused=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    refs = msda_backward_reference(value, inputs["spatial_shapes"], None, loc, attn, grad_out)
+    # The location gradient jumps where a pixel coordinate crosses an integer (the bilinear kink).
+    # The kernel forms x = loc * W - 0.5 in fp32, the reference in float64, so a sample within a
+    # few fp32 ulps of a kink can fall on the other side; those samples are left out of the
+    # location comparison (and counted), everything else is compared.
+    kinks = _near_kink(loc.detach().double(), inputs["spatial_shapes"])
+    results = []
+    for name, grad, ref in zip(("grad_value", "grad_locations", "grad_weights"), grads, refs):
+        if grad is None:
+            label = f"{name} B={case.batch} Q={case.queries}"
+            results.append({"case": label, "ok": False, "detail": "no gradient (not connected to autograd)"})
+            continue
+        if name == "grad_locations" and bool(kinks.any()):
+            keep = ~kinks[..., None].expand_as(ref)
+            grad, ref = torch.where(keep, grad.double(), 0.0).to(grad.dtype), torch.where(keep, ref, 0.0)
+            result = _compare(grad, ref, tol, case, dtype, prefix=f"{name} ")
+            result["detail"] = (result.get("detail") or "") + f"{int(kinks.sum())} sample(s) within fp32 rounding of a kink left out"
+            results.append(result)
+            continue
+        results.append(_compare(grad, ref, tol, case, dtype, prefix=f"{name} "))
+    return results
+
+
+def _near_kink(loc: torch.Tensor, spatial_shapes: torch.Tensor) -> torch.Tensor:
+    """(B, Q, M, L, K) mask of samples whose pixel x or y is within 16 fp32 ulps (at the level's
+    size) of an integer."""
+    size = torch.stack([spatial_shapes[:, 1], spatial_shapes[:, 0]], -1).to(loc)  # (L, 2): (W, H)
+    pixel = loc * size[:, None, :] - 0.5
+    margin = 16 * torch.finfo(torch.float32).eps * size[:, None, :]
+    distance = (pixel - torch.round(pixel)).abs()
+    return (distance < margin).any(dim=-1)
+
+
+def _compare(out: torch.Tensor, ref: torch.Tensor, tol, case, dtype, prefix: str = "") -> dict[str, Any]:
+    label = f"{prefix}B={case.batch} Q={case.queries} levels={[list(s) for s in case.spatial_shapes]}"
     if out.shape != ref.shape or out.dtype != dtype:
         return {"case": label, "ok": False, "detail": f"got {tuple(out.shape)} {out.dtype}, expected {tuple(ref.shape)} {dtype}"}
     if out.numel() == 0:
