@@ -7,7 +7,6 @@ probed in a subprocess, so a broken install shows up as a finding, never as a cr
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -15,6 +14,7 @@ from importlib import metadata
 
 from kgen import __version__
 from kgen.toolchain import GENERATOR_PINS, RUNTIME_PINS
+from kgen.verify.numerics import CUDA_PROBE
 
 PACKAGES = ("kgen", "triton", "flydsl", "torch", "sympy", "jinja2", "black", "pyyaml")
 
@@ -29,7 +29,6 @@ x = torch.zeros(4)
 add_one[(1,)](x, 4, BLOCK=8)
 assert x.tolist() == [1.0] * 4, x
 """
-_CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 _FLYDSL_PROBE = "import flydsl"
 
 
@@ -109,7 +108,7 @@ def capabilities() -> list[Capability]:
 
     with ThreadPoolExecutor(max_workers=3) as pool:  # the probes are subprocesses: run them at once
         interp = pool.submit(_probe, _INTERPRETER_PROBE, {"TRITON_INTERPRET": "1"})
-        gpu = pool.submit(_probe, _CUDA_PROBE, drop=("TRITON_INTERPRET",))
+        gpu = pool.submit(_probe, CUDA_PROBE, drop=("TRITON_INTERPRET",))
         fly = pool.submit(_probe, _FLYDSL_PROBE)
     caps = []
     ok, why = interp.result()
@@ -125,8 +124,9 @@ def capabilities() -> list[Capability]:
         "numerics on the GPU (--device cuda) and GPU-only tests; the interpreter is used instead", False,
     ))
     fly_ok, fly_why = fly.result()
-    lld = shutil.which("ld.lld-19") or shutil.which("ld.lld")
-    from kgen.verify.flydsl import DEVICE_LIBS  # light module: no flydsl/torch import
+    from kgen.verify.flydsl import DEVICE_LIBS, find_lld  # light module: no flydsl/torch import
+
+    lld = find_lld()
 
     missing = []
     if not fly_ok:

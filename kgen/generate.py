@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from kgen.emit import Output, header, spec_sha256
@@ -71,6 +70,3 @@ def load_all(paths: list[str] | None, root: Path) -> list[Spec]:
         seen[s.name] = s.path
     return specs
 
-
-def plan_dict(plan) -> dict:
-    return asdict(plan) if is_dataclass(plan) else dict(plan)

@@ -40,7 +40,9 @@ def test_doctor_reports_versions_capabilities_and_what_is_disabled():
 
 def test_doctor_names_what_a_missing_piece_disables(monkeypatch):
     """No linker, no GPU, a broken flydsl: each is reported with what it turns off."""
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    import kgen.verify.flydsl as flydsl_tier
+
+    monkeypatch.setattr(flydsl_tier.shutil, "which", lambda name: None)
     monkeypatch.setattr(doctor, "_probe", lambda code, *a, **k: (True, "") if "triton.jit" in code else (False, "ImportError: boom"))
     monkeypatch.setattr(doctor, "_version", lambda name: {"sympy": "1.13.0"}.get(name))
     data = doctor.report()

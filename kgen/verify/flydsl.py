@@ -50,10 +50,15 @@ class IsaReport:
         }
 
 
+def find_lld() -> str | None:
+    """An AMDGPU-capable ld.lld on PATH (Debian's lld-19 names it ld.lld-19)."""
+    return shutil.which("ld.lld-19") or shutil.which("ld.lld")
+
+
 def rocm_root() -> Path:
     """A minimal ROCM_PATH for the compile step: FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld
     (PATH is not searched) and device-library calls need $ROCM_PATH/amdgcn/bitcode."""
-    lld = shutil.which("ld.lld-19") or shutil.which("ld.lld")
+    lld = find_lld()
     if lld is None:
         raise KgenError("FlyDSL compile tier: no ld.lld found (Debian: apt-get install lld-19)")
     root = Path(os.environ.get("KGEN_ROCM_PATH", Path.home() / ".cache" / "kgen" / "rocm"))

@@ -20,10 +20,12 @@ class VariantResult:
     lines: tuple[str, ...]  # human-readable report lines
 
 
+CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+
+
 def cuda_available() -> bool:
     """Ask a subprocess, so this process never imports torch (keeps the CLI fast)."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+    return subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True).returncode == 0
 
 
 def run_numerics(spec_path: str, modules: dict[str, Path], device: str, timeout: float = 3600) -> list[VariantResult]:
