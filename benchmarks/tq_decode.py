@@ -60,6 +60,7 @@ def dequantize(cache, block_table, seq_len, centroids):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--configs", help="comma-separated SEQSxCONTEXT list, e.g. 1x1024,16x32768 (default: the full grid)")
     args = parser.parse_args()
     decode = load(f"tq_decode_triton_d{D}_qg{QG}_bs{BS}")
     store = load(f"tq_store_d{D}_bs{BS}")
@@ -72,8 +73,11 @@ def main() -> None:
     print(f"{'seqs':>4s} {'ctx':>6s} {'ours us':>8s} {'ours db':>8s} {'sdpa us':>8s} {'deq+sdpa':>9s} {'vs sdpa':>8s} {'vs deq':>7s} {'ours BW':>8s} {'of copy':>8s} {'sdpa BW%':>8s} {'cos':>7s} {'maxerr':>8s}")
     seqs_list = [1, 16] if args.quick else [1, 16, 64]
     ctx_list = [1024, 8192] if args.quick else [1024, 8192, 32768]
-    for num_seqs in seqs_list:
-        for ctx in ctx_list:
+    grid = [(n, c) for n in seqs_list for c in ctx_list]
+    if args.configs:
+        grid = [tuple(int(x) for x in item.split("x")) for item in args.configs.split(",")]
+    for num_seqs, ctx in grid:
+        if True:
             blocks_per_seq = ctx // BS
             num_blocks = num_seqs * blocks_per_seq
             k = torch.randn(num_seqs, ctx, HK, D, device=dev, generator=g, dtype=torch.bfloat16)

@@ -66,9 +66,9 @@ GFX950 = AmdTarget(
     lds_bytes=160 * 1024,
     vgprs=512,
     qk_mfma=Mfma(16, 16, 32, "v_mfma_f32_16x16x32_bf16"),
-    pv_mfma=Mfma(16, 16, 16, "v_mfma_f32_16x16x16_bf16"),
+    pv_mfma=Mfma(16, 16, 16, "v_mfma_f32_16x16x16_f16"),
     transpose_read="ds_read_b64_tr_b16",
-    required_isa=("v_mfma_f32_16x16x32_bf16", "v_mfma_f32_16x16x16_bf16", "ds_read_b64_tr_b16"),
+    required_isa=("v_mfma_f32_16x16x32_bf16", "v_mfma_f32_16x16x16_f16", "ds_read_b64_tr_b16"),
 )
 
 AMD_TARGETS = {"gfx950": GFX950}

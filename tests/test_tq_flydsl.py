@@ -20,7 +20,13 @@ from kgen.spec import load_spec
 from kgen.targets import GFX950, lane
 
 SPEC = ROOT / "specs" / "tq_decode.yaml"
-VARIANTS = [f"tq_decode_gfx950_d128_qg{qg}_bs{bs}" for qg in (6, 8, 16) for bs in (16, 32)]
+# The shipped set (specs/tq_decode.yaml says why): every QG at head_dim 128, QG 4 and 7 at 64 and 256.
+VARIANTS = [
+    f"tq_decode_gfx950_d{d}_qg{qg}_bs{bs}"
+    for d, qgs in ((64, (4, 7)), (128, (4, 6, 7, 8, 16)), (256, (4, 7)))
+    for qg in qgs
+    for bs in (16, 32)
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,7 @@ def test_every_variant_proves_its_lane_mappings(plans):
     expected = {
         "centroid-pair table fill",
         "q rows staged to LDS (padded pitch)",
-        "packed K chunks per lane (dwordx4)",
+        "packed K chunks per lane",
         "K tile to LDS (padded pitch)",
         "V level writes land where their nibbles came from",
         "QK A operand == K tile (token, dim)",
@@ -64,9 +70,13 @@ def test_every_variant_proves_its_lane_mappings(plans):
     for name, plan in plans.items():
         failed = [p for p in plan.proofs if not p.ok]
         assert not failed, (name, failed)
-        assert expected <= {p.name for p in plan.proofs}, name
+        assert expected <= {p.name.split(" (")[0] if p.name.startswith("packed") else p.name for p in plan.proofs}, name
         # one centroid-pair table (u32 per packed byte) + one padded 16-row bf16 tile
-        assert plan.consts["LDS_BYTES"] == 256 * 4 + 16 * (128 * 2 + 16) == 5376
+        d = plan.consts["HEAD_DIM"]
+        assert plan.consts["LDS_BYTES"] == 256 * 4 + 16 * (d * 2 + 16)
+        # a token's packed bytes: 8 B (dwordx2) per lane at 64, 16 B at 128, 2 x 16 B at 256
+        loads = {64: "1 x dwordx2", 128: "1 x dwordx4", 256: "2 x dwordx4"}[d]
+        assert f"packed V chunks per lane ({loads})" in {p.name for p in plan.proofs}, name
 
 
 def _plant(monkeypatch, name, change):
@@ -103,6 +113,26 @@ def test_a_planted_mapping_error_is_refused(spec, variants, monkeypatch, name, c
     assert proof in err.value.message
 
 
+@pytest.mark.parametrize(
+    "name, change, proof",
+    [
+        # head_dim 256, two loads per lane: the second one 16 B on instead of 64 (overlaps the
+        # next lane's first load, the token's last 48 B are never read)
+        ("kv_load_byte", lambda e: e / 4, "packed K chunks per lane (2 x dwordx4)"),
+        # the second load's words written over the first one's in LDS
+        ("kv_lds_word", lambda e: e.subs(tq_flydsl.ld, 0), "K tile to LDS (padded pitch)"),
+        # the LDS row pitch of head_dim 128 (272 B) kept at 256
+        ("tr_byte", lambda e: e.subs(tq_flydsl.tok4, tq_flydsl.tok4 * 272 / 528), "V transpose read == PV A operand"),
+    ],
+)
+def test_a_planted_head_dim_256_error_is_refused(spec, variants, monkeypatch, name, change, proof):
+    _plant(monkeypatch, name, change)
+    with pytest.raises(SpecError) as err:
+        tq_decode.lower(spec, variants["tq_decode_gfx950_d256_qg7_bs32"])
+    assert "does not cover its tile exactly once" in err.value.message
+    assert proof in err.value.message
+
+
 # ---- printer --------------------------------------------------------------------------------------
 
 
@@ -134,10 +164,14 @@ def test_cache_addresses_are_the_plans_offsets(plans):
         for hk in (1, 3, 8):
             assert int(words.subs(Hk, hk)) * 4 == int(plan.offsets["block_bytes"].subs(Hk, hk))
         # lane part + tile part == the spec's k/v offsets at slot = slot0 + tok4
-        env = {"num_kv_heads": 3, "kv_head": 2, "tok4": 5, "c4": 0, "slot0": 0, "g4": 1}
+        env = {"num_kv_heads": 3, "kv_head": 2, "tok4": 5, "c4": 0, "slot0": 0, "g4": 1, "ld": 0}
         for field, tile in (("k", "k_tile_byte"), ("v", "v_tile_byte")):
-            got = eval(k["kv_lane_byte"], {}, env) + eval(k[tile], {}, env)
+            got = eval(k["kv_lane_byte"], {}, env) + eval(k["kv_load_byte"], {}, env) + eval(k[tile], {}, env)
             assert got == plan.offsets[f"{field}_bytes"].subs({Hk: 3, kvh: 2, slot: 5})
+        # the last load of the last lane of a token ends where the token's packed K (or V) ends
+        last = dict(env, c4=3, ld=plan.consts["KV_LOADS"] - 1)
+        end = eval(k["kv_lane_byte"], {}, last) + eval(k["kv_load_byte"], {}, last) + plan.consts["KV_LOAD_WORDS"] * 4
+        assert end - eval(k["kv_lane_byte"], {}, env) == plan.consts["KEY_BYTES"]
         got = eval(k["meta_lane_byte"], {}, env) + eval(k["v_zero_tile_byte"], {}, env)
         assert got == plan.offsets["v_zero_bytes"].subs({Hk: 3, kvh: 2, slot: 4})
 
@@ -213,8 +247,34 @@ def test_variant_compiles_for_gfx950(tmp_path, name, plans, sources):
     path.write_text(sources[name])
     report, error = compile_variant(path, "gfx950", tmp_path / "dump")
     assert report is not None, error
-    assert isa_problems(report, GFX950, plans[name].consts["LDS_BYTES"]) == []
-    # per 256-token group: 64 QK MFMAs, 128 PV MFMAs, 128 transpose reads; no waterfall loops
+    c = plans[name].consts
+    assert isa_problems(report, GFX950, c["LDS_BYTES"]) == []
+    # per 256-token group (16 tiles): QK_K_CHUNKS QK MFMAs, PV_N_CHUNKS PV MFMAs and transpose
+    # reads per tile (64, 128, 128 at head_dim 128); no waterfall loops
     m = report.mnemonics
-    assert (m["v_mfma_f32_16x16x32_bf16"], m["v_mfma_f32_16x16x16_bf16"], m["ds_read_b64_tr_b16"]) == (64, 128, 128)
-    assert report.basic_blocks <= 4 and report.summary()["vgprs"] <= 128
+    tiles = c["TILES_PER_GROUP"]
+    assert (m["v_mfma_f32_16x16x32_bf16"], m["v_mfma_f32_16x16x16_bf16"], m["ds_read_b64_tr_b16"]) == (
+        tiles * c["QK_K_CHUNKS"],
+        tiles * c["PV_N_CHUNKS"],
+        tiles * c["PV_N_CHUNKS"],
+    )
+    # K/V loads of the width the plan chose, 2 per tile and load, prefetched (plus tile 0's)
+    width = {2: "buffer_load_dwordx2", 4: "buffer_load_dwordx4"}[c["KV_LOAD_WORDS"]]
+    assert m.get(width, 0) >= 2 * tiles * c["KV_LOADS"]
+    # registers: at least 4 waves per SIMD (512 VGPRs per lane) up to head_dim 128, 2 at 256
+    assert report.basic_blocks <= 4 and report.summary()["vgprs"] <= {64: 128, 128: 128, 256: 256}[c["HEAD_DIM"]]
+
+
+def test_show_explains_which_lane_loads_which_bytes():
+    """`kgen show` of a head_dim 256 variant: two 16-byte loads per lane and stream, where they
+    land, and the derived MFMA counts and LDS bytes, in a few lines."""
+    from conftest import run_kgen
+
+    proc = run_kgen("show", "tq_decode_gfx950_d256_qg7_bs32", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout[proc.stdout.index("which lane loads which bytes:") : proc.stdout.index("address expressions")]
+    assert "lane t loads 2 x 16 B (ld < 2) of token tok4 of each 16-token tile (buffer_load_dwordx4)" in text
+    assert "bytes (4*ld + c4)*16 .. +15 of its 128 packed bytes = head_dim elements (4*ld + c4)*32 .. +31" in text
+    assert "+ ld * 64 +" in text and "staged row 7 repeats row 6" in text
+    assert "QK: 8 x 16x16x32 MFMA" in text and "PV: 16 x 16x16x16 MFMA" in text and "= 9472 B" in text
+    assert len(text.splitlines()) <= 12

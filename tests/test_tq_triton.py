@@ -49,8 +49,25 @@ def _failures(results):
 
 
 def test_variants_are_the_expected_ones():
-    assert DECODE == sorted(f"tq_decode_triton_d128_qg{qg}_bs{bs}" for qg in (6, 8, 16) for bs in (16, 32))
-    assert STORE == ["tq_store_d128_bs16", "tq_store_d128_bs32"]
+    shipped = ((64, (4, 7)), (128, (4, 6, 7, 8, 16)), (256, (4, 7)))  # specs/tq_decode.yaml says why
+    assert DECODE == sorted(f"tq_decode_triton_d{d}_qg{qg}_bs{bs}" for d, qgs in shipped for qg in qgs for bs in (16, 32))
+    assert STORE == sorted(f"tq_store_d{d}_bs{bs}" for d in (64, 128, 256) for bs in (16, 32))
+
+
+def test_head_dim_shapes_the_derived_numbers(sources):
+    """What head_dim re-derives in the Triton modules: packed bytes per record, the tile of the
+    decode loop (its packed bytes held at the budget measured at 128), the store's blocks of
+    rotation columns, and the cache block size of the host code."""
+    for name, variant in VARIANTS.items():
+        plan = tq_decode.lower(SPEC, variant)
+        d, c = plan.consts["HEAD_DIM"], plan.consts
+        assert c["PAIRS"] == d // 2
+        if variant.values["kind"] == "decode":
+            assert c["TILE_TOKENS"] == {64: 128, 128: 128, 256: 64}[d] and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 64
+        else:
+            assert (c["ROT_COLS"], c["COL_BLOCKS"]) == {64: (32, 1), 128: (64, 1), 256: (32, 4)}[d]
+        text = sources[name][1]
+        assert f"HEAD_DIM = {d}\n" in text and f"PAIRS = {d // 2} " in text
 
 
 def test_generated_code_is_self_contained_and_derived(sources):
@@ -229,3 +246,10 @@ def test_planted_store_bugs_fail_the_check(sources, tmp_path):
     swapped = _planted(sources, tmp_path, name, "(k_index_even | (k_index_odd << NIBBLE_BITS))", "(k_index_odd | (k_index_even << NIBBLE_BITS))")
     assert all(not r["ok"] for r in verify_tq.check_store(swapped, SPEC, "cpu"))
 
+
+
+def test_planted_head_dim_256_store_bug_fails_the_check(sources, tmp_path):
+    """head_dim 256 quantizes keys in 4 blocks of rotation columns: every block rotated and
+    stored at the first block's columns is caught."""
+    first_block_only = _planted(sources, tmp_path, "tq_store_d256_bs16", "col = block_cols * ROT_COLS", "col = 0 * ROT_COLS")
+    assert all(not r["ok"] for r in verify_tq.check_store(first_block_only, SPEC, "cpu"))

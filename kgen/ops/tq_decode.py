@@ -45,7 +45,7 @@ CONTRACT = {
     "query": ("num_seqs", "Hk*QG", "head_dim"),
     "block_table": ("num_seqs", "max_blocks"),
     "seq_lens": ("num_seqs",),
-    "centroids": (16,),
+    "centroids": ("N_CENTROIDS",),  # quant.key.centroids entries (checked against that, not by name)
     "output": ("num_seqs", "Hk*QG", "head_dim"),
     "out_parts": ("num_seqs", "Hk", "P", "QG", "head_dim"),
     "exp_sums": ("num_seqs", "Hk", "P", "QG"),
@@ -93,13 +93,16 @@ class Options:
     max_partitions: int
     tolerance: Tolerance
     cases: tuple[Case, ...]
+    lines: Mapping[str, int | None]  # spec line of each dim and variant axis ("dims.QG", "variants.axes.QG")
 
 
 def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, tuple]) -> Options:
     quant = root.section("quant")
     key = quant.section("key")
     key_bits = key.get("bits", r.one_of(4))
-    centroids = key.get("centroids", r.one_of(16))
+    centroids = key.get("centroids", r.integer(1, 1 << 16))
+    if centroids != 1 << key_bits:
+        raise key.error("centroids", f"{key_bits}-bit key indices address exactly {1 << key_bits} centroids, got {centroids}")
     key.get("codebook", r.one_of("lloyd_max_gaussian"))
     key.get("rotation", r.one_of("hadamard"))
     key.finish()
@@ -145,7 +148,10 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         c.finish()
         cases.append(case)
     val.finish()
-    return Options(Quant(key_bits, centroids, value_bits), blocks, regions, target, max_partitions, tolerance, tuple(cases))
+    dims_section, axes_section = root.section("dims"), root.section("variants").section("axes")
+    lines = {f"dims.{n}": dims_section.line_of(n) for n in dims} | {f"variants.axes.{n}": axes_section.line_of(n) for n in axes}
+    quant = Quant(key_bits, centroids, value_bits)
+    return Options(quant, blocks, regions, target, max_partitions, tolerance, tuple(cases), lines)
 
 
 def _parse_region(name: str, raw: Any, line: int | None, parent: r.Section, dims: Mapping[str, Dim]) -> Region:
@@ -186,8 +192,11 @@ def check_spec(spec: Spec, root: r.Section) -> None:
         t = spec.tensors.get(name)
         if t is None:
             raise SpecError(spec.path, root.line_of("tensors"), f"tensors.{name}", "required by tq_decode")
-        if t.shape != shape:
-            raise SpecError(spec.path, t.line, f"tensors.{name}.shape", f"expected {list(shape)}, got {list(t.shape)}")
+        codebook = name == "centroids"  # one entry per centroid: cross-checked with quant.key.centroids
+        expected = (spec.options.quant.centroids,) if codebook else shape
+        if t.shape != expected:
+            why = ", the codebook size quant.key.centroids gives" if codebook else ""
+            raise SpecError(spec.path, t.line, f"tensors.{name}.shape", f"expected {list(expected)}{why}, got {list(t.shape)}")
         if t.dtype != DTYPES[name]:
             raise SpecError(spec.path, t.line, f"tensors.{name}.dtype", f"expected {DTYPES[name]}, got {t.dtype}")
         if t.order != tuple(range(len(shape))):
@@ -247,12 +256,13 @@ class Plan:
     consts: Mapping[str, int]  # every derived number the template uses, by name
     offsets: Mapping[str, sympy.Expr]  # symbolic offsets (elements or bytes, as named)
     printed: Mapping[str, Mapping[str, str]]  # offsets printed per context: host, merge, kernel
-    siblings: tuple[tuple[int, int], ...]  # (QG, BS) of every variant of the spec
+    siblings: tuple[tuple[int, int], ...]  # (QG, BS) of every variant of the spec with this head_dim
     runtime_dims: tuple[tuple[str, int, str], ...]
     widths: tuple  # IndexWidth per address expression
     proofs: tuple[Coverage, ...]
     facts: tuple[Fact, ...]
     softmax_scale: float
+    mapping: tuple[str, ...]  # the derived data-to-lane mapping in words (`kgen show`)
 
 
 @dataclass(frozen=True)
@@ -275,6 +285,7 @@ class KernelPart:
     consts: Mapping[str, int]
     proofs: tuple[Coverage, ...]
     printed: Mapping[str, str]
+    mapping: tuple[str, ...] = ()  # which lane loads which bytes, in a few lines (`kgen show`)
 
 
 def lower(spec: Spec, variant: Variant) -> Plan:
@@ -283,12 +294,19 @@ def lower(spec: Spec, variant: Variant) -> Plan:
     d, qg, bs, tile, group = (c[n] for n in CONST_DIMS)
     maxima = {n: spec.dims[n].max for n in RUNTIME_DIMS}
 
+    axis_names = {n for n, _ in spec.axes}
+
     def reject(field: str, rule: str, nearest: str) -> SpecError:
-        return SpecError(spec.path, None, field, f"{variant.name}: {rule}; {nearest}")
+        """A refusal located where the user sets the value: a compile-time dim's variant axis
+        when it has one, else its `dims` entry."""
+        head, _, dim = field.rpartition(".")
+        if head in ("dims", "variants.axes"):
+            field = f"variants.axes.{dim}" if dim in axis_names else f"dims.{dim}"
+        return SpecError(spec.path, opts.lines.get(field), field, f"{variant.name}: {rule}; {nearest}")
 
     # ---- constraints every backend shares --------------------------------------------------
     if d & (d - 1):
-        raise reject("dims.head_dim", f"head_dim {d} is not a power of two (the Hadamard rotation needs one)", f"nearest: {1 << (d.bit_length() - 1)}, {1 << d.bit_length()}")
+        raise reject("dims.head_dim", f"head_dim {d} is not a power of two (the Hadamard rotation needs one)", f"nearest that work: {1 << (d.bit_length() - 1)}, {1 << d.bit_length()}")
     if bs % tile or group % bs:
         raise reject("variants.axes.BS", f"BS {bs} must be a multiple of TILE {tile} and divide GROUP {group}", f"use one of {[b for b in (16, 32, 64, 128, 256) if b % tile == 0 and group % b == 0]}")
     consts = {
@@ -401,10 +419,13 @@ def lower(spec: Spec, variant: Variant) -> Plan:
         consts=consts,
         offsets=offsets,
         printed=printed,
-        siblings=tuple((spec.constants(pt)["QG"], spec.constants(pt)["BS"]) for pt in spec.variant_points()),
+        siblings=tuple(
+            (pc["QG"], pc["BS"]) for pc in map(spec.constants, spec.variant_points()) if pc["head_dim"] == d
+        ),
         runtime_dims=tuple((n, maxima[n], spec.dims[n].doc) for n in RUNTIME_DIMS),
         widths=widths,
         proofs=part_.proofs,
+        mapping=part_.mapping,
         facts=facts,
         softmax_scale=scale,
     )

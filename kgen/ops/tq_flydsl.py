@@ -20,7 +20,10 @@ from kgen.algebra import FloorDiv, Mod, PythonPrinter, Range, bounds, decide_wid
 from kgen.algebra.coverage import Coverage, prove_cover, same_map
 from kgen.targets import AmdTarget, elem, lane
 
-LOAD_BYTES = 16  # one buffer_load_dwordx4 per lane: the widest global load
+LOAD_BYTES = 16  # buffer_load_dwordx4: the widest global load of a lane
+BUFFER_LOADS = {1: "dword", 2: "dwordx2", 4: "dwordx4"}  # 32-bit words -> buffer_load_<suffix>
+WORD = 4  # bytes per 32-bit word (VGPR)
+MIN_LOAD_WORDS = 2  # K/V loads of one word: `Vector` needs a vector type, and <1 x i32> aborts LLVM
 LDS_ROW_PAD = 16  # bytes of pad per LDS row, so 16 lanes reading 16 B of 16 rows hit distinct banks
 BF16 = 2  # bytes per bf16 element
 LDS_WORD = 8  # the LDS tile is addressed in 8-byte words (its pointer's element type is i64)
@@ -29,7 +32,7 @@ LDS_WORD = 8  # the LDS tile is addressed in 8-byte words (its pointer's element
 # slice. Defined by the target's operand layouts and LANES_PER_TOKEN in `lane_symbols`.
 r16, g4, tok4, c4 = (index_symbol(n) for n in ("r16", "g4", "tok4", "c4"))
 # Compile-time loop counters of the kernel (fx.range_constexpr) and other trace-time ints.
-i, c, w, h, slot0 = (index_symbol(n) for n in ("i", "c", "w", "h", "slot0"))
+i, c, w, h, ld, slot0 = (index_symbol(n) for n in ("i", "c", "w", "h", "ld", "slot0"))
 # Run-time per-lane values the kernel names.
 q_row, q_col, q_src, q_b_row, block = (index_symbol(n) for n in ("q_row", "q_col", "q_src", "q_b_row", "block"))
 
@@ -131,17 +134,26 @@ def lower_kernel(ctx):
         nearest = sorted({max(qk.k, d // qk.k * qk.k), (d // qk.k + 1) * qk.k})
         raise reject("dims.head_dim", f"head_dim {d} does not split into {qk.k}-wide MFMA K-chunks ({qk.mnemonic})", f"nearest that work: {', '.join(map(str, nearest))}")
     if qg > qk.m:
-        raise reject("variants.axes.QG", f"QG {qg} exceeds the {qk.m} rows of one MFMA tile and this design has no plan for more", f"use QG <= {qk.m}")
+        raise reject("variants.axes.QG", f"QG {qg} exceeds the {qk.m} rows of one MFMA tile (query rows of a kv head share its B operand) and this design has no plan for more", f"nearest that works: {qk.m} (or split the heads over kv-head groups of at most {qk.m})")
     if tile != qk.m or tile != pv.k:
         raise reject("dims.TILE", f"TILE must equal the MFMA token dimension ({qk.m})", f"use {qk.m}")
-    lanes_per_token = shared["KEY_BYTES"] // LOAD_BYTES  # 16-byte chunks of one token's packed K (or V)
-    if lanes_per_token * tile != target.wave or shared["KEY_BYTES"] != shared["VALUE_BYTES"]:
-        good = target.wave * LOAD_BYTES * 8 // (tile * 4)
-        raise reject("dims.head_dim", f"one 16-byte packed chunk per lane needs TILE*head_dim/32 == {target.wave} lanes (head_dim {good}); head_dim {d} gives {lanes_per_token * tile}", f"supported here: head_dim {good}")
+    # Packed K and V of a tile are loaded token-major: the wave's lanes split into TILE groups of
+    # lanes_per_token lanes, each group loads one token's bytes, each lane whole 32-bit words.
+    lanes_per_token = target.wave // tile
+    key_bytes = shared["KEY_BYTES"]
+    elems_per_byte = d // key_bytes  # packed elements per byte (2 for 4-bit fields)
+    step = lanes_per_token * WORD * elems_per_byte  # head_dim granule of one word per lane
+    if key_bytes % (lanes_per_token * WORD) or key_bytes != shared["VALUE_BYTES"]:
+        raise reject("dims.head_dim", f"the {lanes_per_token} lanes of a token load its {key_bytes} packed K (and V) bytes in whole 32-bit words, so head_dim must be a multiple of {step}", f"nearest that work: {', '.join(map(str, _nearest(d, step)))}")
+    lane_words = key_bytes // (lanes_per_token * WORD)  # packed words per lane, tile and stream
+    if lane_words < MIN_LOAD_WORDS:
+        raise reject("dims.head_dim", f"head_dim {d} leaves each of the {lanes_per_token} lanes of a token {lane_words * WORD} packed bytes per stream; K/V loads here are buffer_load_dwordx2 or wider (a single-dword vector load aborts LLVM's AMDGPU lowering)", f"nearest that works: {d * MIN_LOAD_WORDS // lane_words}")
+    load_words = min(LOAD_BYTES // WORD, lane_words)  # one buffer load: at most dwordx4
     row_bytes = d * BF16
     q_chunks_per_row = row_bytes // LOAD_BYTES
-    if target.wave % q_chunks_per_row:
-        raise reject("dims.head_dim", f"a query row of {q_chunks_per_row} 16-byte chunks must divide the {target.wave} lanes", "use head_dim <= 512, a power of two")
+    if q_chunks_per_row > target.wave or target.wave % q_chunks_per_row:
+        most = target.wave * LOAD_BYTES // BF16
+        raise reject("dims.head_dim", f"a query row is staged by {q_chunks_per_row} lanes of 16 bytes, which must divide the {target.wave} lanes", f"nearest that works: {most}")
     if group // bs > target.wave:
         raise reject("dims.GROUP", f"GROUP/BS = {group // bs} block-table entries per group must fit the {target.wave} lanes (one per lane)", f"use GROUP <= {target.wave * bs}")
 
@@ -156,6 +168,7 @@ def lower_kernel(ctx):
         "KEY_BYTES": (shared["KEY_BYTES"], "packed K bytes per (slot, kv head)"),
         "VALUE_BYTES": (shared["VALUE_BYTES"], "packed V bytes per (slot, kv head)"),
         "WAVE": (target.wave, "lanes per program (one wave64)"),
+        "LANES_PER_TOKEN": (lanes_per_token, "lanes that load one token's packed K (and V) bytes"),
         "MFMA_MN": (qk.m, "M = N of both MFMA shapes"),
         "QK_K": (qk.k, f"K depth of {qk.mnemonic}"),
         "PV_K": (pv.k, f"K depth of {pv.mnemonic}"),
@@ -164,7 +177,8 @@ def lower_kernel(ctx):
         "PV_N_CHUNKS": (d // pv.m, "PV MFMAs per tile (16 output dims each)"),
         "NIB_BITS": (nib_bits, "bits per quantized element"),
         "BYTE_PAIR_ENTRIES": (1 << (2 * nib_bits), "centroid-pair table entries: one per packed byte"),
-        "KV_LANE_WORDS": (LOAD_BYTES // 4, "packed 32-bit words per lane and stream (one dwordx4)"),
+        "KV_LOAD_WORDS": (load_words, f"packed 32-bit words per buffer load (buffer_load_{BUFFER_LOADS[load_words]})"),
+        "KV_LOADS": (lane_words // load_words, "buffer loads per lane, tile and stream (K or V)"),
         "TILES_PER_GROUP": (group // tile, "tiles unrolled per loop iteration"),
         "TILES_PER_BLOCK": (bs // tile, "tiles that share one cache block"),
         "BLOCKS_PER_GROUP": (group // bs, "block-table entries one group walks (one per lane)"),
@@ -181,14 +195,52 @@ def lower_kernel(ctx):
     table["LDS_BYTES"] = (table["LDS_KTAB_BYTES"][0] + table["LDS_TILE_BYTES"][0], "LDS per program (one wave)")
     consts = {k: v for k, (v, _) in table.items() if k not in shared}
     if consts["LDS_BYTES"] > target.lds_bytes:
-        raise reject("dims.head_dim", f"LDS need {consts['LDS_BYTES']} B exceeds {target.arch}'s {target.lds_bytes} B", "use a smaller head_dim")
+        # the tile buffer grows with head_dim (rows of head_dim bf16 + pad); the pair table does not
+        fits = [x for x in (d >> k for k in range(1, 8)) if x % step == 0 and x >= step * MIN_LOAD_WORDS and table["LDS_KTAB_BYTES"][0] + lds_tile_rows * (x * BF16 + LDS_ROW_PAD) <= target.lds_bytes]
+        raise reject("dims.head_dim", f"LDS need {consts['LDS_BYTES']} B (pair table {table['LDS_KTAB_BYTES'][0]} B + {lds_tile_rows} rows x {pitch} B) exceeds {target.arch}'s {target.lds_bytes} B", f"nearest that works: {fits[0]}" if fits else "no head_dim fits this target")
     c_all = {**shared, **consts}
 
     maps = lane_maps(ctx, c_all, lanes_per_token)
     proofs = _proofs(ctx, c_all, maps, lanes_per_token)
     printed = _print_all(ctx, maps)
     printed.update({f"doc.{k}": doc for k, (_, doc) in table.items()})
-    return KernelPart(consts=consts, proofs=proofs, printed=printed)
+    return KernelPart(consts=consts, proofs=proofs, printed=printed, mapping=_explain(c_all, printed))
+
+
+def _nearest(value: int, step: int) -> list[int]:
+    """The multiples of `step` next to `value` that are powers of two (head_dim must be one)."""
+    lower = [x for x in (1 << k for k in range(20)) if x <= value and x % step == 0]
+    upper = [x for x in (1 << k for k in range(20)) if x >= value and x % step == 0]
+    return sorted({*lower[-1:], *upper[:1]})
+
+
+def _padding_rows(qg: int, staged: int) -> str:
+    if staged == qg:
+        return ""
+    rows = f"row {qg} repeats" if staged == qg + 1 else f"rows {qg}..{staged - 1} repeat"
+    return f"; staged {rows} row {qg - 1}"
+
+
+def _explain(cn: Mapping[str, int], k: Mapping[str, str]) -> tuple[str, ...]:
+    """Which lane loads which bytes, in words, from the derived numbers and printed expressions."""
+    lb = cn["KV_LOAD_WORDS"] * WORD
+    lpt, loads, epb = cn["LANES_PER_TOKEN"], cn["KV_LOADS"], cn["HEAD_DIM"] // cn["KEY_BYTES"]
+    chunk = "c4" if loads == 1 else f"({lpt}*ld + c4)"
+    loads_txt = f"{loads} x {lb} B" + (f" (ld < {loads})" if loads > 1 else "")
+    return (
+        f"lane t = 0..{cn['WAVE'] - 1}: r16 = {k['r16']}, g4 = {k['g4']} (MFMA row, lane group); tok4 = {k['tok4']}, c4 = {k['c4']} (token, slice)",
+        f"K, V: lane t loads {loads_txt} of token tok4 of each {cn['TILE']}-token tile (buffer_load_{BUFFER_LOADS[cn['KV_LOAD_WORDS']]}): "
+        f"bytes {chunk}*{lb} .. +{lb - 1} of its {cn['KEY_BYTES']} packed bytes = head_dim elements {chunk}*{lb * epb} .. +{lb * epb - 1}",
+        f"  cache byte = block base + [{k['kv_lane_byte']}] (per lane){' + ' + k['kv_load_byte'] if loads > 1 else ''} + [{k['k_tile_byte']}] (K; V adds {cn['KEY_BYTES']})",
+        f"  dequantized into LDS row tok4 (pitch {cn['LDS_ROW_PITCH']} B) as bf16, the same elements; {cn['LANES_PER_TOKEN']} lanes fill a {cn['HEAD_DIM']}-element row",
+        f"metadata: lane t loads 4 fp16 (dwordx2) of k_norm, v_scale, v_zero for tokens g4*{cn['D_ROWS']} .. +{cn['D_ROWS'] - 1}: the QK result rows it holds",
+        f"q: lane t stages 16 B of row {k['q_row']} per pass i < {cn['Q_STAGE_PASSES']} (elements ({k['q_col']})*8 ..) into LDS"
+        + _padding_rows(cn["QG"], cn["Q_STAGE_ROWS"]),
+        f"QK: {cn['QK_K_CHUNKS']} x 16x16x{cn['QK_K']} MFMA per tile, A = K[token r16][dims {cn['QK_K']}*c + 8*g4 ..+7] from LDS, B = q[query r16][same dims] in VGPRs",
+        f"PV: {cn['PV_N_CHUNKS']} x 16x16x{cn['PV_K']} MFMA per tile, A = V[tokens][dims 16*h ..] by ds_read_b64_tr_b16 at LDS byte {k['tr_byte']}; acc: {cn['PV_N_CHUNKS'] * cn['D_ROWS']} f32 per lane",
+        f"out: lane t with r16 < QG stores dims 16*h + 4*g4 .. +3 of query row r16 at byte {k['out_byte']}",
+        f"LDS: {cn['LDS_KTAB_BYTES']} B centroid-pair table + {cn['LDS_TILE_ROWS']} rows x {cn['LDS_ROW_PITCH']} B tile = {cn['LDS_BYTES']} B",
+    )
 
 
 def lane_maps(ctx, cn: Mapping[str, int], lanes_per_token: int) -> LaneMaps:
@@ -199,6 +251,11 @@ def lane_maps(ctx, cn: Mapping[str, int], lanes_per_token: int) -> LaneMaps:
     seq, kvh, part, slot, row, e, phys = (index_symbol(n) for n in ("seq", "kv_head", "part", "slot", "row", "e", "phys_block"))
     d, qg, tile, wave = cn["HEAD_DIM"], cn["QG"], cn["TILE"], cn["WAVE"]
     pitch, qcpr = cn["LDS_ROW_PITCH"], cn["HEAD_DIM"] * BF16 // LOAD_BYTES
+    kv_load = cn["KV_LOAD_WORDS"] * WORD  # bytes of one K (or V) buffer load
+    epb = d // cn["KEY_BYTES"]  # packed elements per byte
+    # the lane's ld-th load of a token: 16-byte (or smaller) slice ld*LANES_PER_TOKEN + c4, so the
+    # lanes of a token read its bytes contiguously in every load
+    kv_slice = ld * lanes_per_token + c4
     lane_defs = {
         r16: Mod(lane, qk.m),  # MFMA row of A / column of B and D
         g4: FloorDiv(lane, qk.m),  # lane group: K sub-range of A/B, D rows g4*D_ROWS ..
@@ -221,8 +278,8 @@ def lane_maps(ctx, cn: Mapping[str, int], lanes_per_token: int) -> LaneMaps:
     def linear(expr, at):
         return sympy.expand(expr.subs(at, simultaneous=True))
 
-    k_lane = linear(off["k_bytes"], {slot: tok4, kvh: 0}) - linear(off["k_bytes"], {slot: 0, kvh: 0}) + c4 * LOAD_BYTES
-    v_lane = linear(off["v_bytes"], {slot: tok4, kvh: 0}) - linear(off["v_bytes"], {slot: 0, kvh: 0}) + c4 * LOAD_BYTES
+    k_lane = linear(off["k_bytes"], {slot: tok4, kvh: 0}) - linear(off["k_bytes"], {slot: 0, kvh: 0}) + c4 * kv_load
+    v_lane = linear(off["v_bytes"], {slot: tok4, kvh: 0}) - linear(off["v_bytes"], {slot: 0, kvh: 0}) + c4 * kv_load
     assert sympy.expand(k_lane - v_lane) == 0, "K and V share the per-lane byte offset"
     meta_lane = {f: linear(off[f"{f}_bytes"], {slot: g4 * cn["D_ROWS"], kvh: 0}) - linear(off[f"{f}_bytes"], {slot: 0, kvh: 0}) for f in ("k_norm", "v_scale", "v_zero")}
     assert len({sympy.srepr(x) for x in meta_lane.values()}) == 1, "the meta fields share the per-lane byte offset"
@@ -247,13 +304,15 @@ def lane_maps(ctx, cn: Mapping[str, int], lanes_per_token: int) -> LaneMaps:
         "q_b_word": words(lds(q_b_row if b_clamp else r16, c * qk.k + g4 * qk.k_per_lane)),
         # QK A operand, chunk c: K[token r16][dims c*QK_K + g4*8 ..]
         "k_a_word": words(lds(r16, c * qk.k + g4 * qk.k_per_lane)),
-        # K/V tile write, packed word w of the lane's 16 bytes: token tok4, dims c4*32 + w*8 ..
-        "kv_lds_word": words(lds(tok4, c4 * (2 * LOAD_BYTES) + w * (2 * 4))),
+        # K/V tile write, packed word w of load ld: token tok4, its elements from byte
+        # kv_slice*kv_load + w*4 on (epb elements per byte)
+        "kv_lds_word": words(lds(tok4, (kv_slice * kv_load + w * WORD) * epb)),
         # ds_read_b64_tr_b16 address, output chunk h: row tok4, dims h*16 + c4*4 .. +3
         "tr_byte": lds(tok4, h * pv.m + c4 * pv.k_per_lane),
         # cache block: 64-bit base in int32 words, per-lane (VGPR) and per-tile (SGPR) bytes
         "block_base_words": sympy.expand(off["block_base_bytes"].subs(phys, block) / 4),
         "kv_lane_byte": k_lane,
+        "kv_load_byte": sympy.expand(kv_slice * kv_load - c4 * kv_load),  # load ld's offset (trace-time)
         "k_tile_byte": linear(off["k_bytes"], {slot: slot0}),
         "v_tile_byte": linear(off["v_bytes"], {slot: slot0}),
         "meta_lane_byte": meta_lane["k_norm"],
@@ -273,7 +332,8 @@ def lane_maps(ctx, cn: Mapping[str, int], lanes_per_token: int) -> LaneMaps:
         **{s: Range(0, _hi(x, wave), "lane decomposition") for s, x in lane_defs.items()},
         i: Range(0, max(cn["Q_STAGE_PASSES"], cn["BYTE_PAIR_ENTRIES"] // wave) - 1, "pass"),
         c: Range(0, cn["QK_K_CHUNKS"] - 1, "QK chunk"),
-        w: Range(0, cn["KV_LANE_WORDS"] - 1, "packed word"),
+        w: Range(0, cn["KV_LOAD_WORDS"] - 1, "packed word of a load"),
+        ld: Range(0, cn["KV_LOADS"] - 1, "K/V load of a lane"),
         h: Range(0, cn["PV_N_CHUNKS"] - 1, "PV chunk"),
         slot0: Range(0, cn["BS"] - tile, "first slot of the tile"),
         q_row: Range(0, cn["Q_STAGE_ROWS"] - 1, "staged q row"),
@@ -298,7 +358,7 @@ def _print_all(ctx, maps: LaneMaps) -> dict[str, str]:
         S["max_blocks"]: "max_blocks",
         index_symbol("kv_head"): "kv_head",
     }
-    constexprs = (S["Hk"], S["P"], S["max_blocks"], i, c, w, h, slot0)
+    constexprs = (S["Hk"], S["P"], S["max_blocks"], i, c, w, h, ld, slot0)
     out = {}
     for name, expr in maps.exprs.items():
         bits = decide_width(name, expr, maps.ranges).bits
@@ -348,24 +408,31 @@ def _proofs(ctx, cn: Mapping[str, int], maps: LaneMaps, lanes_per_token: int) ->
     # (3) packed K/V chunks per lane: within a cache block of Hk = 3 heads, head 2, the K bytes
     # of the tile at slot0 (every tile of the block) are loaded once each
     env = {hk: 3, kvh: 2}
-    kv_dom = {lane: wave, s0i: cn["TILES_PER_BLOCK"], byte: LOAD_BYTES}
+    kv_load = cn["KV_LOAD_WORDS"] * WORD
+    load_name = f"{cn['KV_LOADS']} x {BUFFER_LOADS[cn['KV_LOAD_WORDS']]}"
+    kv_dom = {lane: wave, s0i: cn["TILES_PER_BLOCK"], ld: cn["KV_LOADS"], byte: kv_load}
     for field, tile_name in (("k", "k_tile_byte"), ("v", "v_tile_byte")):
-        addr = at(x["kv_lane_byte"]) + at(x[tile_name], slot0=s0i * tile) + byte
+        addr = at(x["kv_lane_byte"]) + x["kv_load_byte"] + at(x[tile_name], slot0=s0i * tile) + byte
         origin = ctx.offsets[f"{field}_bytes"].subs(index_symbol("slot"), 0)
         rel = (addr - origin).subs(env)
         stride = int((ctx.offsets[f"{field}_bytes"].subs(index_symbol("slot"), 1) - origin).subs(env))
-        proofs.append(prove_cover(f"packed {field.upper()} chunks per lane (dwordx4)", kv_dom, [FloorDiv(rel, stride), Mod(rel, stride)], [bs, cn["KEY_BYTES"]], image=f"{bs} slots x {cn['KEY_BYTES']} B of {field.upper()}"))
+        proofs.append(prove_cover(f"packed {field.upper()} chunks per lane ({load_name})", kv_dom, [FloorDiv(rel, stride), Mod(rel, stride)], [bs, cn["KEY_BYTES"]], image=f"{bs} slots x {cn['KEY_BYTES']} B of {field.upper()}"))
 
     # (4) dequantized words to LDS: the lane's byte j of word w (elements 2j, 2j+1, from the
     # pair table or the two nibble levels) lands at the (token, dim) its nibbles came from
     nib, jb = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("nib", "jb"))
-    wr_dom = {lane: wave, w: cn["KV_LANE_WORDS"], jb: 4, nib: 2}
-    loaded = [at(tok4), 2 * (at(c4) * LOAD_BYTES + w * 4 + jb) + nib]  # nibble nib of byte 4w+j
-    written = at(x["kv_lds_word"]) * LDS_WORD + (2 * jb + nib) * BF16
+    epb = d // cn["KEY_BYTES"]
+    wr_dom = {lane: wave, ld: cn["KV_LOADS"], w: cn["KV_LOAD_WORDS"], jb: WORD, nib: epb}
+    # nibble nib of byte jb of word w of the lane's load ld: (slot, byte of the K record) that
+    # the printed per-lane cache offset reads (the tile part selects the tile's first slot)
+    read = (at(x["kv_lane_byte"]) + x["kv_load_byte"] + w * WORD + jb).subs(env)
+    slot_stride = int((ctx.offsets["k_bytes"].subs(index_symbol("slot"), 1) - ctx.offsets["k_bytes"].subs(index_symbol("slot"), 0)).subs(env))
+    loaded = [FloorDiv(read, slot_stride), epb * Mod(read, slot_stride) + nib]
+    written = at(x["kv_lds_word"]) * LDS_WORD + (epb * jb + nib) * BF16
     proofs.append(prove_cover("K tile to LDS (padded pitch)", wr_dom, tile_elem(written), [tile, d], image=f"{tile} tokens x {d} bf16"))
     proofs.append(same_map("K pair-table words land where their nibbles came from", wr_dom, tile_elem(written), loaded))
     # V levels: cvt_f32_ubyte(lo, j), cvt_f32_ubyte(hi, j) give vector positions 2j, 2j+1
-    proofs.append(same_map("V level writes land where their nibbles came from", wr_dom, tile_elem(at(x["kv_lds_word"]) * LDS_WORD + (2 * jb + nib) * BF16), loaded))
+    proofs.append(same_map("V level writes land where their nibbles came from", wr_dom, tile_elem(written), loaded))
 
     # (5) QK operands, chunk c: A = K tile rows (token r16), B = q rows (query r16)
     op_dom = {lane: wave, c: cn["QK_K_CHUNKS"], elem: qk.k_per_lane}

@@ -26,9 +26,19 @@ MIN_DOT = 16  # the smallest M, N and K that tl.dot accepts
 # tiles with 4 warps and a 3-stage software pipeline beat 64-token tiles and 8 warps at every size
 # (16 x 32K at Hk=8: 699 us against 829-1229 us); 2 warps or 256-token tiles spill registers.
 TILE_TOKENS_TARGET = 128  # tokens per inner-loop tile (QK's N, PV's K)
+# That measurement was at head_dim 128: 128 tokens x 64 packed bytes per K (and V) tile. Other
+# head dims keep the tile's packed bytes (and so its registers) within the same budget.
+TILE_PACKED_BYTES = 128 * 64
 DECODE_WARPS = 4  # warps per program
 DECODE_STAGES = 3  # software-pipeline depth of the tile loop's cache loads
+# q . rotation for every query row in one launch (instead of torch's cast, GEMM and cast): 16 rows
+# per program, the rotation streamed 32 rows at a time through a tf32x3 tl.dot (fp32-accurate).
+# H200, 2026-11-30: 7.5 us for 64 or 4096 rows against 10.5-16.4 us for torch's three kernels;
+# an fp32 FMA dot ("ieee") takes 9-47 us and whole-matrix operands spill.
+ROTATE_ROWS = MIN_DOT
+ROTATE_CHUNK = 32
 STORE_WARPS = 8  # store schedule: the four fp32 64x64 rotation blocks need the registers of 8 warps
+ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
 
 def lower_kernel(ctx):
@@ -39,9 +49,11 @@ def lower_kernel(ctx):
     d, qg, bs, group = c["HEAD_DIM"], c["QG"], c["BS"], c["GROUP"]
     per_byte, pairs = _packing(ctx)
     q_rows = max(MIN_DOT, 1 << (qg - 1).bit_length())
-    tile = min(TILE_TOKENS_TARGET, group)
     if pairs < MIN_DOT:
-        raise ctx.reject("dims.head_dim", f"head_dim {d} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"use head_dim >= {2 * MIN_DOT}")
+        raise ctx.reject("dims.head_dim", f"head_dim {d} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
+    tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
+    if tile < MIN_DOT:
+        raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
     consts = {
         "Q_ROWS": q_rows,  # QG query heads padded to a power of two >= tl.dot's 16 rows
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
@@ -50,6 +62,8 @@ def lower_kernel(ctx):
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
         "NUM_STAGES": DECODE_STAGES,  # pipeline depth of the tile loop
+        "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
+        "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
     }
 
     S = ctx.sym
@@ -82,7 +96,15 @@ def lower_kernel(ctx):
         "partials_base": out("partials_base", off["partials_base"]),
         "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row)),
     }
-    return KernelPart(consts=consts, proofs=(), printed=printed)
+    p = printed
+    mapping = (
+        f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)",
+        f"K, V: a [{tile} tokens x {pairs} B] tile, token-major: token t's byte `pair` at block base + ({p['k']}) + pair (V: + ({p['v']}) + pair),"
+        f" holding elements {per_byte}*pair (low nibble) and {per_byte}*pair+1 (high nibble)",
+        f"metadata: one fp16 per token and field at block base + ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
+        f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators",
+    )
+    return KernelPart(consts=consts, proofs=(), printed=printed, mapping=mapping)
 
 
 def lower_store(ctx):
@@ -92,8 +114,15 @@ def lower_store(ctx):
     c = ctx.consts
     bs, levels = c["BS"], c["N_CENTROIDS"]
     per_byte, pairs = _packing(ctx)
+    if pairs < MIN_DOT:
+        raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
+    rot_cols = min(pairs, ROT_BLOCK_ELEMENTS // pairs)
+    if rot_cols < MIN_DOT:
+        raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} leaves {rot_cols}-column rotation blocks within {ROT_BLOCK_ELEMENTS} elements, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * ROT_BLOCK_ELEMENTS // MIN_DOT}")
     consts = {
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
+        "ROT_COLS": rot_cols,  # output pairs per block of rotation columns (two dots of K = PAIRS each)
+        "COL_BLOCKS": pairs // rot_cols,  # blocks of rotation columns per token
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
         "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
@@ -109,14 +138,25 @@ def lower_store(ctx):
     out = _Printer(ranges, {S["Hk"]: "NUM_KV_HEADS", phys: "block"}, (S["Hk"],))
     pair = index_symbol("pair")
     ranges[pair] = Range(0, pairs - 1, "byte of a packed record = element pair of head_dim")
+    col = index_symbol("col")
+    ranges[col] = Range(0, pairs - 1, "packed byte of a block of rotation columns")
     printed = {
         "even": out("element", per_byte * pair),  # low nibble of byte `pair`
         "odd": out("element", per_byte * pair + 1),  # high nibble
+        "col_even": out("element", per_byte * col),  # the same for the rotation's columns
+        "col_odd": out("element", per_byte * col + 1),
         "block": out("block", FloorDiv(cache_slot, bs)),
         "slot": out("slot", Mod(cache_slot, bs)),
         **_cache_fields(out, ctx.offsets),
     }
-    return KernelPart(consts=consts, proofs=(), printed=printed)
+    p = printed
+    mapping = (
+        f"program: {MIN_DOT} tokens of one kv head; k and v rows loaded as even and odd elements ({pairs} each)",
+        f"K: y = x . rotation in {pairs // rot_cols} block(s) of {rot_cols} output pairs (four [{pairs} x {rot_cols}] fp32 rotation blocks each), packed byte col"
+        f" = elements {per_byte}*col (low nibble), {per_byte}*col+1 (high), stored at block base + ({p['k']}) + col",
+        f"V: packed byte `pair` at block base + ({p['v']}) + pair; k_norm, v_scale, v_zero as fp16 at ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
+    )
+    return KernelPart(consts=consts, proofs=(), printed=printed, mapping=mapping)
 
 
 class _Printer:
