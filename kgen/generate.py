@@ -7,7 +7,7 @@ from pathlib import Path
 from kgen.emit import Output, header, spec_sha256
 from kgen.ops import OPS
 from kgen.render import render, template_closure, templates_dir, templates_sha256
-from kgen.spec import Spec, load_spec
+from kgen.spec import Spec, load_specs
 
 
 def width_proofs(plan) -> list[str]:
@@ -39,7 +39,8 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
         plan = op.lower(spec, variant)
         source = render(op.template_for(variant), {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
         backend = getattr(plan, "backend", None) or spec.backends[0]
-        text = header(source_path, variant.name, backend, spec_sha, tmpl_sha, width_proofs(plan)) + "\n" + source
+        extra = list(getattr(plan, "header_lines", ()))  # e.g. the hash of a tuning file the plan read
+        text = header(source_path, variant.name, backend, spec_sha, tmpl_sha, extra + width_proofs(plan)) + "\n" + source
         flydsl = getattr(plan, "backend", None) == "flydsl"
         outputs.append(
             Output(
@@ -62,11 +63,5 @@ def load_all(paths: list[str] | None, root: Path) -> list[Spec]:
     files = [Path(p) for p in paths] if paths else find_specs(root)
     if not files:
         raise SpecError(str(root / "specs"), None, "", "no spec files (*.yaml) found")
-    specs = [load_spec(f) for f in files]
-    seen: dict[str, str] = {}
-    for s in specs:
-        if s.name in seen:
-            raise SpecError(s.path, 1, "name", f"spec name {s.name!r} is also used by {seen[s.name]}")
-        seen[s.name] = s.path
-    return specs
+    return load_specs(files)
 

@@ -26,8 +26,8 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f
 SMALL = Case(batch=1, queries=5, spatial_shapes=((3, 5), (2, 3), (1, 2), (2, 1)), locations=(-0.2, 1.2), line=None)
 
 
-def generated(short: str, head_dim: int):
-    module = load_module(ROOT / "generated" / "msda" / f"msda_fwd_{short}_m8_d{head_dim}_l4_k4.py")
+def generated(short: str, head_dim: int, shape: str = "m8_d{}_l4_k4"):
+    module = load_module(ROOT / "generated" / "msda" / f"msda_fwd_{short}_{shape.format(head_dim)}.py")
     sys.modules[module.__name__] = module  # torch.compile looks functions' modules up by name
     return module
 
@@ -38,10 +38,11 @@ def _leaves(case: Case, module, dtype: torch.dtype, seed: int):
     return x["spatial_shapes"], leaves
 
 
-@pytest.mark.parametrize("head_dim", [48])  # d32 float64: test_gradients_match_float64_reference
-def test_gradcheck_float64(head_dim):
-    module = generated("f64", head_dim)
-    shapes, (value, loc, attn) = _leaves(SMALL, module, torch.float64, seed=head_dim)
+@pytest.mark.parametrize("shape", ["m8_d48_l4_k4", "m2_d128_l5_k8"])  # d32 float64: test_gradients_match_float64_reference
+def test_gradcheck_float64(shape):
+    module = generated("f64", 0, shape)
+    case = SMALL if module.LEVELS == 4 else Case(1, 5, ((3, 5), (2, 3), (1, 2), (2, 1), (2, 2)), (-0.2, 1.2), None)
+    shapes, (value, loc, attn) = _leaves(case, module, torch.float64, seed=module.HEAD_DIM)
 
     def fn(value, loc, attn):
         return module.msda_forward(value, shapes, None, loc, attn)
@@ -95,8 +96,18 @@ def _spec_with(tmp_path, old: str, new: str):
     return load_spec(path)
 
 
+def _generate_one(spec, variant: str) -> str:
+    """The generated text of one variant (rendering all of them takes seconds each)."""
+    every = msda.variants
+    try:
+        msda.variants = lambda s: [v for v in every(s) if v.name == variant]
+        return next(o.text for o in generate(spec, ROOT))
+    finally:
+        msda.variants = every
+
+
 def _module_from_spec(spec, variant: str, tmp_path):
-    text = next(o.text for o in generate(spec, ROOT) if o.variant == variant)
+    text = _generate_one(spec, variant)
     path = tmp_path / f"{variant}_{abs(hash(text)) % 10**8}.py"
     path.write_text(text)
     return load_module(path), text
@@ -134,10 +145,10 @@ def test_grad_value_accumulation_is_derived_from_the_target(tmp_path, target, ex
     spec = _spec_with(tmp_path, "target: sm_90", f"target: {target}")
     got = {v.values["dtype"]: msda.lower(spec, v).grad_accum for v in msda.variants(spec) if v.values["D"] == 32}
     assert got == expected
-    plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.values == {"dtype": "bfloat16", "D": 32})
+    plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.name == "msda_fwd_bf16_m8_d32_l4_k4")
     fact = next(f for f in plan.facts if f.name == "grad_value accumulation")
     assert ("lacks" if target == "sm_80" else "has") in fact.why and "sm_90" in fact.why
-    text = next(o.text for o in generate(spec, ROOT) if o.variant == "msda_fwd_bf16_m8_d32_l4_k4")
+    text = _generate_one(spec, "msda_fwd_bf16_m8_d32_l4_k4")
     buffer = "torch.float32" if target == "sm_80" else "torch.bfloat16"
     assert f"return torch.zeros_like(value, dtype={buffer})" in text
 

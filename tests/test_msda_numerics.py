@@ -133,3 +133,17 @@ def test_static_check_flags_plain_globals_in_jit_functions():
     problems = jit_global_problems(source, "k.py")
     assert len(problems) == 1 and "reads global LEVELS" in problems[0]
     assert jit_global_problems((ROOT / "generated" / "msda" / "msda_fwd_f32_m8_d32_l4_k4.py").read_text(), "g") == []
+
+
+@pytest.mark.parametrize("name, heads, levels, points", [("m2_d128_l5_k8", 2, 5, 8), ("m1_d24_l3_k4", 1, 3, 4), ("m16_d16_l2_k4", 16, 2, 4)])
+def test_wrapper_names_the_shape_each_variant_was_generated_for(name, heads, levels, points):
+    module = load_module(ROOT / "generated" / "msda" / f"msda_fwd_f32_{name}.py")
+    assert (module.HEADS, module.LEVELS, module.POINTS) == (heads, levels, points)
+    d = module.HEAD_DIM
+    shapes = torch.tensor([[3, 2]] * (levels + 1))  # one level too many
+    value = torch.randn(2, 6 * (levels + 1), heads, d)
+    loc = torch.rand(2, 3, heads, levels + 1, points, 2)
+    with pytest.raises(ValueError, match=rf"spatial_shapes: expected shape \({levels}, 2\), got \({levels + 1}, 2\)"):
+        module.msda_forward(value, shapes, None, loc, torch.rand(2, 3, heads, levels + 1, points))
+    with pytest.raises(ValueError, match=rf"sampling_locations: expected shape \(B=2, Q=3, {heads}, {levels}, {points}, 2\)"):
+        module.msda_forward(value, shapes[:levels], None, loc, torch.rand(2, 3, heads, levels, points))

@@ -55,6 +55,7 @@ from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tol
 from kgen.spec import reader as r
 from kgen.spec.model import Dim, Spec, Variant
 from kgen.targets import NVIDIA_TARGETS
+from kgen.tune import DIRECTIONS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
 
 backends = ("triton",)
 
@@ -77,6 +78,17 @@ CONTRACT = {
 FLOAT_TENSORS = ("value", "sampling_locations", "attention_weights", "output")
 INDEX_TENSORS = ("spatial_shapes", "level_start_index")
 GRID_Y_LIMIT = 65535  # CUDA's limit on grid dimension 1 (one program row per (batch, head))
+WARP = 32  # threads per warp on NVIDIA GPUs
+# The kernels hold (BLOCK_Q, BLOCK_D) tiles in registers, spread over the program's threads: the
+# forward an fp32 accumulator and one corner at a time; the backward the grad_out tile, a corner
+# tile, its contribution and a tile of 64-bit corner addresses at once. Up to 32 fp32 values of
+# one tile per thread keeps that within the 255 registers a thread can address; more spills.
+TILE_VALUES_PER_THREAD = 32
+# Corner coordinates are clamped to [CLAMP, size] before they become int32 pixel indices: far
+# samples stay representable and both of their corners stay outside the image (masked).
+CLAMP = -2
+# Normal binary exponents of the accumulation types: the fixed-point scale 2^e stays inside them.
+NORMAL_EXPONENTS = {"float32": (-126, 127), "float64": (-1022, 1023)}
 
 
 # ---- spec sections ----------------------------------------------------------------------------
@@ -90,16 +102,25 @@ class Schedule:
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
 
+    @property
+    def launch(self) -> Launch:
+        return Launch(self.block_q, self.num_warps, self.num_stages)
+
 
 @dataclass(frozen=True)
 class Case:
-    """One validation problem: sizes, level shapes, and the range locations are drawn from."""
+    """One validation problem: sizes, level shapes, and the range locations are drawn from. A
+    case lists at least as many levels as the largest L; a variant uses the first L of them."""
 
     batch: int
     queries: int
     spatial_shapes: tuple[tuple[int, int], ...]
     locations: tuple[float, float]
     line: int | None
+    field: str = "validation"  # e.g. validation.cpu_cases[1], for messages
+
+    def first_levels(self, levels: int) -> "Case":
+        return Case(self.batch, self.queries, self.spatial_shapes[:levels], self.locations, self.line, self.field)
 
 
 @dataclass(frozen=True)
@@ -111,6 +132,8 @@ class Options:
     grad_cases: tuple[Case, ...]
     cpu_cases: tuple[Case, ...]
     gpu_cases: tuple[Case, ...]
+    tune: TuneConfig | None  # schedule candidates and size classes (None: one schedule for all sizes)
+    lines: Mapping[str, int | None]  # spec line of dims, axes and shapes ("variants.shapes[2].D")
 
 
 def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, tuple]) -> Options:
@@ -139,7 +162,18 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
     if not cpu_cases:
         raise val.error("cpu_cases", "required: at least one case for the CPU (interpreter) tier")
     val.finish()
-    return Options(schedule, padding, tolerances, grad_tolerances, grad_cases, cpu_cases, gpu_cases)
+
+    tune = parse_tune(root.section("tune"), [c.batch * c.queries for c in gpu_cases], axes) if root.has("tune") else None
+
+    lines: dict[str, int | None] = {}
+    dims_section, variants = root.section("dims"), root.section("variants")
+    lines.update({f"dims.{n}": dims_section.line_of(n) for n in dims})
+    lines.update({f"variants.axes.{n}": variants.section("axes").line_of(n) for n in axes})
+    lines["variants"] = root.line_of("variants")
+    for i, item in enumerate(variants.items_of("shapes") if variants.has("shapes") else ()):
+        lines[f"variants.shapes[{i}]"] = item.line
+        lines.update({f"variants.shapes[{i}].{k}": item.line_of(k) for k in item.data})
+    return Options(schedule, padding, tolerances, grad_tolerances, grad_cases, cpu_cases, gpu_cases, tune, lines)
 
 
 def _parse_case(section: r.Section) -> Case:
@@ -156,6 +190,7 @@ def _parse_case(section: r.Section) -> Case:
         spatial_shapes=section.get("spatial_shapes", r.list_of(level_shape, min_len=1)),
         locations=(lo, hi),
         line=section.line,
+        field=section.field,
     )
     section.finish()
     return case
@@ -189,12 +224,24 @@ def check_spec(spec: Spec, root: r.Section) -> None:
         raise SpecError(spec.path, root.line_of("variants"), "variants.axes.dtype", "required: the element types to emit")
     if spec.tensors["output"].order != tuple(range(4)):
         raise SpecError(spec.path, spec.tensors["output"].line, "tensors.output.layout", "the output is returned as (B, Q, M*D): expected row-major")
-    for point in spec.variant_points():
-        consts = spec.constants(point)
-        for case in spec.options.grad_cases + spec.options.cpu_cases + spec.options.gpu_cases:
-            if len(case.spatial_shapes) != consts["L"]:
-                raise SpecError(spec.path, case.line, "validation.spatial_shapes", f"expected {consts['L']} levels (L), got {len(case.spatial_shapes)}")
-        lower(spec, Variant(variant_name(spec, point), point))  # constraint proofs run at load time
+    opts: Options = spec.options
+    if not variants(spec):
+        return  # load_spec reports that the exclusions leave nothing
+    deepest = max(variants(spec), key=lambda v: spec.constants(v.values)["L"])
+    levels = spec.constants(deepest.values)["L"]
+    for case in opts.grad_cases + opts.cpu_cases + opts.gpu_cases:
+        if len(case.spatial_shapes) < levels:
+            raise SpecError(
+                spec.path, case.line, f"{case.field}.spatial_shapes",
+                f"expected at least {levels} levels ({deepest.name} has L={levels}; each variant uses the first L), got {len(case.spatial_shapes)}",
+            )
+    names = {v.name for v in variants(spec)}
+    tuning = tuning_of(spec)
+    for name, line in tuning.variant_lines.items():
+        if name not in names:
+            raise SpecError(tuning.path, line, f"schedules.{name}", f"not a variant of {spec.path} (see `kgen list`); delete the entry or re-run kgen tune")
+    for variant in variants(spec):
+        lower(spec, variant)  # constraint proofs run at load time
 
 
 # ---- variants ---------------------------------------------------------------------------------
@@ -209,6 +256,133 @@ def variant_name(spec: Spec, point: Mapping[str, Any], direction: str = "fwd") -
 
 def variants(spec: Spec) -> list[Variant]:
     return [Variant(variant_name(spec, p), p) for p in spec.variant_points()]
+
+
+# ---- schedules --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassSchedule:
+    """The launch schedules of one size class: calls with B*Q <= max_rows (None: all larger)."""
+
+    name: str
+    max_rows: int | None
+    forward: Launch
+    backward: Launch
+    source: str  # where the two schedules come from, for the generated comment
+
+
+def block_d_of(head_dim: int) -> int:
+    return 1 << (head_dim - 1).bit_length()  # tl.arange needs a power of two
+
+
+def launch_problem(block_d: int, launch: Launch) -> str | None:
+    """Why a schedule cannot run this head dim's (BLOCK_Q, BLOCK_D) tile well, or None."""
+    threads = WARP * launch.num_warps
+    tile = launch.block_q * block_d
+    if tile > TILE_VALUES_PER_THREAD * threads:
+        return (
+            f"a BLOCK_Q x BLOCK_D = {launch.block_q} x {block_d} tile over {launch.num_warps} warps is {tile // threads} values "
+            f"per thread, above the {TILE_VALUES_PER_THREAD} the kernels keep in registers"
+        )
+    if tile < threads:
+        return (
+            f"a BLOCK_Q x BLOCK_D = {launch.block_q} x {block_d} tile has fewer values than the {threads} threads of "
+            f"{launch.num_warps} warps (lanes would hold copies, and the backward's atomic adds would repeat)"
+        )
+    return None
+
+
+def _nearest_that_work(head_dim: int, launch: Launch) -> str:
+    """The closest head dims, block_q and num_warps with which `launch_problem` is satisfied (the
+    head dims that work form one interval: BLOCK_D between the thread count and the register cap)."""
+    ok_d = [d for d in range(1, 4097) if launch_problem(block_d_of(d), launch) is None]
+    dims = ([f"D <= {ok_d[-1]}"] if head_dim > ok_d[-1] else [f"D >= {ok_d[0]}"]) if ok_d else []
+    bd = block_d_of(head_dim)
+
+    def nearest(values: list[int], now: int) -> list[str]:
+        return [str(min(values, key=lambda v: (abs(v.bit_length() - now.bit_length()), v)))] if values else []
+
+    qs = nearest([q for q in (8, 16, 32, 64, 128, 256) if launch_problem(bd, Launch(q, launch.num_warps, launch.num_stages)) is None], launch.block_q)
+    ws = nearest([w for w in (1, 2, 4, 8, 16) if launch_problem(bd, Launch(launch.block_q, w, launch.num_stages)) is None], launch.num_warps)
+    options = dims + [f"schedule.block_q: {q}" for q in qs] + [f"schedule.num_warps: {w}" for w in ws]
+    return "nearest that work: " + ", or ".join(options)
+
+
+def where_set(spec: Spec, variant: Variant, dim: str) -> tuple[str, int | None]:
+    """(field, line) where the spec sets a compile-time dim's value for this variant: its variant
+    axis, its entry in variants.shapes, or its dims entry."""
+    lines = spec.options.lines
+    if dim in dict(spec.axes):
+        return f"variants.axes.{dim}", lines.get(f"variants.axes.{dim}")
+    for i, shape in enumerate(spec.shapes):
+        if dim in shape and all(variant.values.get(k) == v for k, v in shape.items()):
+            return f"variants.shapes[{i}].{dim}", lines.get(f"variants.shapes[{i}].{dim}", lines.get(f"variants.shapes[{i}]"))
+    return f"dims.{dim}", lines.get(f"dims.{dim}")
+
+
+def tuning_of(spec: Spec) -> Tuning:
+    """The tuning file's entries (read when needed, not at parse time: the spec's own sections
+    are all that parsing reads); none without a tune section or a file."""
+    if spec.options.tune is None:
+        return Tuning("", None, {}, {}, {})
+    return load_tuning(spec.path, spec.name, spec.options.tune)
+
+
+def default_launch(spec: Spec) -> Launch:
+    return spec.options.schedule.launch
+
+
+def tune_candidates(spec: Spec, variant: Variant) -> list[Launch]:
+    """The schedules `kgen tune` times for this variant: tune.candidates and the default, minus
+    those whose register tile does not fit this head dim."""
+    block_d = block_d_of(spec.constants(variant.values)["D"])
+    return enumerate_candidates(spec.options.tune, default_launch(spec), lambda launch: launch_problem(block_d, launch))
+
+
+def tune_workload(module, spec: Spec, variant: Variant, case: Case, device: str):
+    from kgen.verify.msda import TuneWorkload
+
+    return TuneWorkload(module, spec, variant, case, device)
+
+
+def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tuple[ClassSchedule, ...]:
+    """Per size class, the forward and backward schedule: the tuning file's winners where it has
+    them, else the spec's defaults; `launch` (kgen tune) forces one schedule everywhere. Each is
+    checked against the head dim's register tile: a default that does not fit is refused where
+    D is set, a tuned one where the tuning file names it."""
+    opts: Options = spec.options
+    D = spec.constants(variant.values)["D"]
+    block_d = block_d_of(D)
+    default = opts.schedule.launch
+    tuning = tuning_of(spec)
+    problem = launch_problem(block_d, default)
+    if problem and launch is None:
+        field, line = where_set(spec, variant, "D")
+        raise SpecError(spec.path, line, field, f"{variant.name}: with schedule block_q={default.block_q}, num_warps={default.num_warps}: {problem}; {_nearest_that_work(D, default)}")
+    classes = opts.tune.classes if opts.tune else ()
+    if not classes:
+        one = launch or default
+        return (ClassSchedule("all", None, one, one, "the spec's schedule" if launch is None else "forced (kgen tune)"),)
+    allowed = set(tune_candidates(spec, variant))
+    out = []
+    for c in classes:
+        chosen, tuned = {}, []
+        for direction in DIRECTIONS:
+            entry = tuning.get(variant.name, c.name, direction)
+            if launch is not None or entry is None:
+                chosen[direction] = launch or default
+                continue
+            if entry.launch not in allowed:
+                why = launch_problem(block_d, entry.launch) or "not among tune.candidates (or the spec's schedule)"
+                field = f"schedules.{variant.name}.{c.name}.{direction}"
+                raise SpecError(tuning.path, entry.line, field, f"{entry.launch}: {why}; re-run kgen tune, or delete the entry to use the spec's schedule")
+            chosen[direction] = entry.launch
+            tuned.append(direction)
+        device = tuning.tuned_on.get("device", "a GPU")
+        source = "forced (kgen tune)" if launch is not None else f"{' and '.join(tuned)} tuned on {device}" if tuned else "spec defaults (not tuned)"
+        out.append(ClassSchedule(c.name, c.max_rows, chosen["forward"], chosen["backward"], source))
+    return tuple(out)
 
 
 # ---- lowering ---------------------------------------------------------------------------------
@@ -244,14 +418,15 @@ class Plan:
     accum_torch_dtype: str  # dtype of the tensor the atomic adds go to on the GPU
     interpreter_accum_torch_dtype: str  # the same under the Triton interpreter (no bf16 atomics)
     fixed_point_bits: int  # fixed point: any pixel's |sum| * 2^e stays below 2^this
+    exponent_range: tuple[int, int]  # fixed point: e is clamped to the accumulation type's normal exponents
+    clamp: int  # corner coordinates are clamped to [clamp, size] (the pixel range proof assumes it)
     heads: int
     head_dim: int
     levels: int
     points: int
-    block_q: int
     block_d: int
-    num_warps: int
-    num_stages: int
+    schedules: tuple[ClassSchedule, ...]
+    header_lines: tuple[str, ...]  # extra header lines (the tuning file's hash)
     query_mask: bool
     channel_mask: bool
     runtime_dims: tuple[tuple[str, int, str], ...]  # (name, declared max, doc)
@@ -261,13 +436,16 @@ class Plan:
     facts: tuple[Fact, ...]
 
 
-def lower(spec: Spec, variant: Variant) -> Plan:
+def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
+    """The variant's plan; `launch` forces one schedule for every size class (kgen tune)."""
     opts: Options = spec.options
     consts = spec.constants(variant.values)
     M, D, L, K = (consts[n] for n in CONST_DIMS)
     maxima = {n: spec.dims[n].max for n in RUNTIME_DIMS}
-    block_q = opts.schedule.block_q
-    block_d = 1 << (D - 1).bit_length()  # tl.arange needs a power of two
+    plans = schedules(spec, variant, launch)
+    launches = [s for c in plans for s in (c.forward, c.backward)]
+    block_q = max(s.block_q for s in launches)  # the widest block bounds the masked lanes' addresses
+    block_d = block_d_of(D)
 
     sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
     fold = {sym[n]: consts[n] for n in CONST_DIMS}
@@ -279,6 +457,8 @@ def lower(spec: Spec, variant: Variant) -> Plan:
     # Index symbols of the kernel and the ranges the proofs use.
     b, m, q, d, pix, pid_bm = (index_symbol(n) for n in ("b", "m", "q", "d", "pixel", "pid_bm"))
     q_hi = maxima["Q"] + block_q - 2  # masked lanes of the last block still form addresses
+    pix_lo = CLAMP * maxima["S"] + CLAMP  # y0 = x0 = CLAMP at level_start = 0, W <= S
+    pix_hi = 3 * maxima["S"] + 1  # corner (y0+1, x0+1) at y0 = H, x0 = W: level_start + H*W + 2W + 1
     ranges = {
         sym["B"]: Range(1, maxima["B"], "declared max of B"),
         sym["Q"]: Range(1, maxima["Q"], "declared max of Q"),
@@ -288,11 +468,7 @@ def lower(spec: Spec, variant: Variant) -> Plan:
         m: Range(0, M - 1, "pid_bm % M"),
         q: Range(0, q_hi, "query block rows, masked lanes included"),
         d: Range(0, block_d - 1, "channel lanes, masked lanes included"),
-        pix: Range(
-            -2 * maxima["S"] - 2,
-            2 * maxima["S"],
-            "level_start + y0*W + x0 with x0 in [-2, W], y0 in [-2, H] (clamped) and level_start + H*W <= S",
-        ),
+        pix: Range(pix_lo, pix_hi, f"level_start + y0*W + x0 (+W, +1 for the other corners) with x0 in [{CLAMP}, W], y0 in [{CLAMP}, H] (clamped), W <= S and level_start + H*W <= S"),
     }
     triton = TritonPrinter(ranges)
     host = PythonPrinter()
@@ -326,9 +502,15 @@ def lower(spec: Spec, variant: Variant) -> Plan:
 
     # Proofs about the launch: the grid fits, and every level start fits the int32 coordinates.
     if maxima["B"] * M > GRID_Y_LIMIT:
-        raise SpecError(spec.path, None, "dims.B.max", f"B*M = {maxima['B'] * M} programs on grid axis 1 exceeds CUDA's {GRID_Y_LIMIT}; lower B's max to at most {GRID_Y_LIMIT // M}")
-    if 2 * maxima["S"] + 2 > 2**31 - 1:
-        raise SpecError(spec.path, None, "dims.S.max", "pixel coordinates are computed in int32; S's max must stay below 2^30")
+        field, line = where_set(spec, variant, "M")
+        raise SpecError(
+            spec.path, line, field,
+            f"{variant.name}: B*M = {maxima['B']}*{M} = {maxima['B'] * M} programs on grid axis 1 exceeds CUDA's {GRID_Y_LIMIT}; "
+            f"lower B's max to at most {GRID_Y_LIMIT // M}, or use M <= {GRID_Y_LIMIT // maxima['B']}",
+        )
+    if max(-pix_lo, pix_hi) > 2**31 - 1:
+        most = (2**31 - 2) // 3
+        raise SpecError(spec.path, opts.lines.get("dims.S"), "dims.S.max", f"pixel coordinates (from {CLAMP}*S{CLAMP} to 3*S+1) are computed in int32: expected at most {most}, got {maxima['S']}")
 
     # How the backward accumulates grad_value, from the target's atomics and the spec's option.
     dtype = variant.values["dtype"]
@@ -353,17 +535,21 @@ def lower(spec: Spec, variant: Variant) -> Plan:
 
     runtime_dims = tuple((n, maxima[n], spec.dims[n].doc) for n in RUNTIME_DIMS)
     checks = tuple(_tensor_check(name, spec, variant, layouts[name], host) for name in CONTRACT if name != "output")
-    query_mask = spec.dims["Q"].multiple_of % block_q != 0
+    query_mask = any(spec.dims["Q"].multiple_of % s.block_q for s in launches)
     channel_mask = block_d != D
-    facts = (
-        Fact("BLOCK_Q", str(block_q), "schedule.block_q"),
+    bounds = [f"B*Q <= {c.max_rows}" if c.max_rows is not None else "larger calls" for c in plans]
+    facts = tuple(
+        Fact(f"schedule {c.name} {direction}", f"BLOCK_Q={s.block_q} warps={s.num_warps} stages={s.num_stages}",
+             f"{bound}; {c.source}; {s.block_q * block_d // (WARP * s.num_warps)} tile values per thread (at most {TILE_VALUES_PER_THREAD})")
+        for c, bound in zip(plans, bounds) for direction, s in (("fwd", c.forward), ("bwd", c.backward))
+    ) + (
         Fact("BLOCK_D", str(block_d), f"next power of two >= D={D} (tl.arange needs a power of two)"),
-        Fact("grid", f"(cdiv(Q, {block_q}), B*{M})", f"axis 1 at most {maxima['B'] * M} <= {GRID_Y_LIMIT}"),
-        Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q={block_q}"),
+        Fact("grid", f"(cdiv(Q, BLOCK_Q), B*{M})", f"axis 1 at most {maxima['B'] * M} <= {GRID_Y_LIMIT}"),
+        Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q in {sorted({s.block_q for s in launches})}"),
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
         Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
-        Fact("backward grid", f"(cdiv(Q, {block_q}), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
+        Fact("backward grid", f"(cdiv(Q, BLOCK_Q), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
         Fact("grad_value accumulation", f"{grad_accum} ({accum})", accum_why),
         Fact("grad_value on interpreter", interpreter_accum, "the Triton interpreter has no bfloat16 atomics"),
         Fact("backward addresses", "as forward", "grad_value: value_base + gather; grad_out: out; grad_loc, grad_attn: loc_base, weight_base"),
@@ -386,14 +572,15 @@ def lower(spec: Spec, variant: Variant) -> Plan:
         accum_torch_dtype=TORCH_DTYPE[accum],
         interpreter_accum_torch_dtype=TORCH_DTYPE[interpreter_accum],
         fixed_point_bits=fixed_point_bits,
+        exponent_range=NORMAL_EXPONENTS[acc],
+        clamp=CLAMP,
         heads=M,
         head_dim=D,
         levels=L,
         points=K,
-        block_q=block_q,
         block_d=block_d,
-        num_warps=opts.schedule.num_warps,
-        num_stages=opts.schedule.num_stages,
+        schedules=plans,
+        header_lines=_tuning_header(spec),
         query_mask=query_mask,
         channel_mask=channel_mask,
         runtime_dims=runtime_dims,
@@ -402,6 +589,16 @@ def lower(spec: Spec, variant: Variant) -> Plan:
         widths=tuple(widths),
         facts=facts,
     )
+
+
+def _tuning_header(spec: Spec) -> tuple[str, ...]:
+    opts: Options = spec.options
+    if opts.tune is None:
+        return ()
+    sha = tuning_of(spec).sha256  # the file named as the spec names it: headers must not depend on the cwd
+    if sha is None:
+        return (f"tuning sha256:    none ({opts.tune.file} absent: the spec's schedule for every size class)",)
+    return (f"tuning sha256:    {sha} ({opts.tune.file}, beside the spec)",)
 
 
 def _axis_names(shape: tuple) -> list[str]:

@@ -3,6 +3,7 @@ the float64 PyTorch reference."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ def make_inputs(
     loc = lo + (hi - lo) * torch.rand(B, Q, heads, levels, points, 2, generator=g)
     if loc.numel():
         # Exact grid points (i / size) and far-away samples on a fixed fraction of the points.
-        size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)  # (L, 2) as (W, H)
+        size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)[:, None, :]  # (L, 1, 2): (W, H) per level, any K
         snap = torch.rand(loc.shape, generator=g) < (0.15 if snap else 0.0)
         grid = torch.floor(loc * size * 2) / (size * 2)  # pixel edges and centres
         loc = torch.where(snap, grid, loc)
@@ -45,31 +46,71 @@ def make_inputs(
 
 
 def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
-    """Run every validation case of the spec through the generated wrapper; one result per case."""
+    """Run every validation case of the spec through the generated wrapper; one result per case.
+    Cases list levels for the deepest variant; this one uses the first LEVELS of them. On the
+    CPU, the small cases fall into the first size class: the first CPU case and the gradient
+    case run once more under each other schedule the module carries, so every schedule runs."""
     opts = spec.options
     dtype = getattr(torch, variant.values["dtype"])
     tol = opts.tolerances[variant.values["dtype"]]
     cases = list(opts.cpu_cases) + (list(opts.gpu_cases) if device == "cuda" else [])
+    cases = [c.first_levels(module.LEVELS) for c in cases]
     results = []
-    for i, case in enumerate(cases):
-        inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed=1000 + i)
-        # Alternate between an explicit level_start_index and letting the wrapper derive it.
-        start = derive_level_start_index(inputs["spatial_shapes"]) if i % 2 == 0 else None
-        out = module.msda_forward(
-            inputs["value"], inputs["spatial_shapes"], start, inputs["sampling_locations"], inputs["attention_weights"]
-        )
-        if device == "cuda":
-            torch.cuda.synchronize()
-        ref = msda_forward_grid_sample(
-            inputs["value"].double(), inputs["spatial_shapes"], None,
-            inputs["sampling_locations"].double(), inputs["attention_weights"].double(),
-        )
-        results.append(_compare(out, ref, tol, case, dtype))
-    grad_cases = list(opts.grad_cases) + (list(opts.gpu_cases) if device == "cuda" else [])
     grad_tol = opts.grad_tolerances[variant.values["dtype"]]
+    for row in _other_schedules(module, cases):
+        with _forced(module, row):
+            tag = f"[{row[0]} schedule] "
+            results.append(_forward_result(module, cases[0], dtype, device, tol, 1000, tag))
+            grad_case = (list(opts.grad_cases) or cases)[0].first_levels(module.LEVELS)
+            results += [dict(r, case=tag + r["case"]) for r in check_gradients(module, grad_case, dtype, device, grad_tol, seed=2000)]
+    for i, case in enumerate(cases):
+        # Alternate between an explicit level_start_index and letting the wrapper derive it.
+        results.append(_forward_result(module, case, dtype, device, tol, 1000 + i, explicit_start=i % 2 == 0))
+    grad_cases = list(opts.grad_cases) + (list(opts.gpu_cases) if device == "cuda" else [])
+    grad_cases = [c.first_levels(module.LEVELS) for c in grad_cases]
     for i, case in enumerate(grad_cases):
         results += check_gradients(module, case, dtype, device, grad_tol, seed=2000 + i)
     return results
+
+
+def _forward_result(module, case, dtype, device, tol, seed: int, prefix: str = "", explicit_start: bool = True) -> dict[str, Any]:
+    inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed=seed)
+    start = derive_level_start_index(inputs["spatial_shapes"]) if explicit_start else None
+    out = module.msda_forward(
+        inputs["value"], inputs["spatial_shapes"], start, inputs["sampling_locations"], inputs["attention_weights"]
+    )
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref = msda_forward_grid_sample(
+        inputs["value"].double(), inputs["spatial_shapes"], None,
+        inputs["sampling_locations"].double(), inputs["attention_weights"].double(),
+    )
+    return _compare(out, ref, tol, case, dtype, prefix=prefix)
+
+
+def _other_schedules(module, cases) -> list[tuple]:
+    """SCHEDULES rows whose (forward, backward) schedules no case of this run reaches."""
+    def row_for(rows: int) -> tuple:
+        return next(row for row in module.SCHEDULES if row[1] is None or rows <= row[1])
+
+    reached = {row_for(c.batch * c.queries)[2:] for c in cases}
+    out = []
+    for row in module.SCHEDULES:
+        if row[2:] not in reached:
+            reached.add(row[2:])
+            out.append(row)
+    return out
+
+
+@contextlib.contextmanager
+def _forced(module, row):
+    """Every call of the module takes the schedules of one SCHEDULES row."""
+    saved = module.SCHEDULES
+    module.SCHEDULES = ((row[0], None, row[2], row[3]),)
+    try:
+        yield
+    finally:
+        module.SCHEDULES = saved
 
 
 def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: int) -> list[dict[str, Any]]:
@@ -136,3 +177,37 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, tol, case, dtype, prefix: str
         "worst": list(map(int, torch.unravel_index(torch.tensor(worst), out.shape))),
         "detail": "" if finite else "non-finite output",
     }
+
+
+class TuneWorkload:
+    """kgen tune's view of one candidate module at one size: check a direction against the
+    reference (forward: the output; backward: all three gradients), then hand out the call to
+    time. Inputs are made once per size, as in `check`."""
+
+    def __init__(self, module, spec, variant, case, device: str):
+        self.module, self.device = module, device
+        self.case = case.first_levels(module.LEVELS)
+        self.dtype = getattr(torch, variant.values["dtype"])
+        self.tol = spec.options.tolerances[variant.values["dtype"]]
+        self.grad_tol = spec.options.grad_tolerances[variant.values["dtype"]]
+        x = make_inputs(self.case, module.HEADS, module.HEAD_DIM, module.POINTS, self.dtype, device, seed=3000, snap=False)
+        self.args = (x["value"], x["spatial_shapes"], derive_level_start_index(x["spatial_shapes"]), x["sampling_locations"], x["attention_weights"])
+        g = torch.Generator(device="cpu").manual_seed(3001)
+        shape = (self.case.batch, self.case.queries, module.HEADS * module.HEAD_DIM)
+        self.grad_out = torch.randn(shape, generator=g).to(device=device, dtype=self.dtype)
+
+    def check(self, direction: str) -> str | None:
+        """None when this direction matches the reference, else what went wrong."""
+        if direction == "forward":
+            results = [_forward_result(self.module, self.case, self.dtype, self.device, self.tol, seed=3000)]
+        else:
+            results = check_gradients(self.module, self.case, self.dtype, self.device, self.grad_tol, seed=3000)
+        bad = [r for r in results if not r["ok"]]
+        return "; ".join(f"{r['case']}: max abs {r.get('max_abs', float('nan')):.3g} {r.get('detail', '')}".strip() for r in bad) or None
+
+    def call(self, direction: str):
+        """The zero-argument call to time: the public forward, or the backward custom op alone."""
+        module, args = self.module, self.args
+        if direction == "forward":
+            return lambda: module.msda_forward(*args)
+        return lambda: module._backward_op(self.grad_out, *args)

@@ -1,0 +1,285 @@
+"""Schedule tuning on CPU: candidate enumeration, the spec's tune section and the tuning file
+(checks with located errors), generation reading the file (its hash in every header, drift when
+it changes), the wrapper's size-class dispatch under the Triton interpreter, the whole `kgen tune`
+path with an injected timer, and the refusal without a CUDA GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, load_module, run_kgen
+from kgen.errors import KgenError, SpecError
+from kgen.generate import generate
+from kgen.ops import msda
+from kgen.ops.msda import Case
+from kgen.spec import load_spec
+from kgen.tune import Launch, Timed, _time_one, main as tune_main, winners
+from kgen.verify.msda import check
+
+SPEC_TEXT = (ROOT / "specs" / "msda.yaml").read_text()
+SPEC = load_spec(ROOT / "specs" / "msda.yaml")
+SMALL = "msda_fwd_f32_m1_d24_l3_k4"  # one head, three levels: the cheapest variant to run
+
+
+def narrow(text: str = SPEC_TEXT) -> str:
+    """The spec with two float32 variants (the reference shape and SMALL's): generation and
+    builds of it take seconds, not minutes."""
+    start, end = text.index("variants:\n"), text.index("\ntensors:")
+    variants = "variants:\n  axes:\n    dtype: [float32]\n  shapes:\n    - {M: 8, D: 32, L: 4, K: 4}\n    - {M: 1, D: 24, L: 3, K: 4}\n"
+    text = text[:start] + variants + text[end:]
+    return text[: text.index("  exclude:\n    - {dtype: float64}")]
+
+
+def variant(spec, name):
+    return next(v for v in msda.variants(spec) if v.name == name)
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def spec_copy(tmp_path: Path, text: str = SPEC_TEXT, tuning: dict | str | None = None) -> Path:
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    path = tmp_path / "specs" / "msda.yaml"
+    path.write_text(text)
+    if tuning is not None:
+        (tmp_path / "specs" / "msda.tuning.json").write_text(tuning if isinstance(tuning, str) else json.dumps(tuning, indent=2))
+    return path
+
+
+def tuning(schedules: dict, spec: str = "msda") -> dict:
+    return {"spec": spec, "tuned_on": {"device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0"}, "schedules": schedules}
+
+
+# ---- candidates -------------------------------------------------------------------------------
+
+
+def test_candidates_skip_schedules_whose_register_tile_does_not_fit():
+    wide = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m2_d128_l5_k8"))
+    # BLOCK_D 128: block_q * 128 values over 32 * num_warps threads must stay within 1 to 32 each.
+    assert wide == [Launch(16, 2, 1), Launch(16, 4, 1), Launch(16, 8, 1), Launch(32, 4, 1), Launch(32, 8, 1), Launch(64, 8, 1)]
+    narrow = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m16_d16_l2_k4"))
+    assert len(narrow) == 9 and Launch(64, 2, 1) in narrow  # 64 x 16 over 64 threads: 16 each
+
+
+def test_candidates_always_include_the_spec_default(tmp_path):
+    spec = load_spec(spec_copy(tmp_path, SPEC_TEXT.replace("block_q: [16, 32, 64]", "block_q: [16]")))
+    got = msda.tune_candidates(spec, variant(spec, SMALL))
+    assert Launch(32, 4, 1) in got and {c.block_q for c in got} == {16, 32}
+
+
+# ---- the spec's tune section ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "old, new, field, expected",
+    [
+        ("{name: decoder, max_rows: 8192, case: 0}", "{name: decoder, max_rows: 1000, case: 0}", "tune.size_classes[0].case",
+         "validation.gpu_cases[0] has B*Q = 1200, outside this class (0 < B*Q <= 1000): it would time another class's calls"),
+        ("{name: encoder, case: 1}", "{name: encoder, max_rows: 90000, case: 1}", "tune.size_classes[1].max_rows",
+         "the last size class takes every larger call: leave max_rows out"),
+        ("{name: decoder, max_rows: 8192, case: 0}", "{name: decoder, case: 0}", "tune.size_classes[0].max_rows",
+         "required on every size class but the last"),
+        ("{name: encoder, case: 1}", "{name: encoder, case: 5}", "tune.size_classes[1].case",
+         "expected the index of a validation.gpu_cases entry (0 to 1), got 5"),
+        ("{name: encoder, case: 1}", "{name: decoder, case: 1}", "tune.size_classes[1].name", "repeats the size class name 'decoder'"),
+        ("file: msda.tuning.json", "file: ../msda.tuning.json", "tune.file", "expected a file name ending in .json, beside the spec"),
+        ("block_q: [16, 32, 64]", "block_q: [16, 24]", "tune.candidates.block_q", "item 1: expected a power of two between 8 and 256, got 24"),
+        ("- {dtype: float64}   #", "- {dtype: float8}   #", "tune.exclude[0].dtype", "expected one of the axis values"),
+        ("- {dtype: float64}   #", "- {D: 32}   #", "tune.exclude[0].D", "expected a variant axis (dtype), got 'D'"),
+    ],
+)
+def test_bad_tune_section_is_located(tmp_path, old, new, field, expected):
+    assert old in SPEC_TEXT
+    text = SPEC_TEXT.replace(old, new)
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_copy(tmp_path, text))
+    assert err.value.field == field and err.value.line == line_of(text, new)
+    assert expected in err.value.message
+
+
+# ---- the tuning file --------------------------------------------------------------------------
+
+GOOD = {"block_q": 16, "num_warps": 2, "num_stages": 1, "us": 5.25, "default_us": 7.5}
+
+
+@pytest.mark.parametrize(
+    "schedules, needle, field, expected",
+    [
+        ({"msda_fwd_f32_m8_d40_l4_k4": {"decoder": {"forward": GOOD}}}, "msda_fwd_f32_m8_d40_l4_k4",
+         "schedules.msda_fwd_f32_m8_d40_l4_k4", "not a variant of"),
+        ({SMALL: {"tiny": {"forward": GOOD}}}, '"tiny"', f"schedules.{SMALL}.tiny", "expected a size class of the spec's tune.size_classes (decoder, encoder)"),
+        ({SMALL: {"decoder": {"forward": dict(GOOD, block_q=128, num_warps=8)}}}, '"forward"', f"schedules.{SMALL}.decoder.forward",
+         "block_q=128 num_warps=8 num_stages=1: not among tune.candidates"),
+        ({"msda_fwd_f32_m2_d128_l5_k8": {"encoder": {"backward": dict(GOOD, block_q=64)}}}, '"backward"',
+         "schedules.msda_fwd_f32_m2_d128_l5_k8.encoder.backward", "a BLOCK_Q x BLOCK_D = 64 x 128 tile over 2 warps is 128 values per thread"),
+        ({SMALL: {"decoder": {"forward": dict(GOOD, num_warps=3)}}}, '"num_warps"', f"schedules.{SMALL}.decoder.forward.num_warps",
+         "expected a power of two between 1 and 16, got 3"),
+        ({SMALL: {"decoder": {"sideways": GOOD}}}, '"sideways"', f"schedules.{SMALL}.decoder.sideways", "unknown key"),
+    ],
+)
+def test_bad_tuning_file_is_located_in_the_tuning_file(tmp_path, schedules, needle, field, expected):
+    spec_copy(tmp_path, tuning=tuning(schedules))
+    text = (tmp_path / "specs" / "msda.tuning.json").read_text()
+    with pytest.raises(SpecError) as err:
+        load_spec(tmp_path / "specs" / "msda.yaml")
+    assert err.value.path.endswith("specs/msda.tuning.json")
+    assert err.value.field == field and err.value.line == line_of(text, needle)
+    assert expected in err.value.message
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"spec": "msda", "tuned_on": {}, "schedules": {}, "spec": "msda"}', "duplicate key"),
+        ('{"spec": "tq_decode", "tuned_on": {}, "schedules": {}}', "expected 'msda' (this file tunes another spec)"),
+        ('{"spec": "msda", "schedules": {', "invalid YAML"),
+    ],
+)
+def test_malformed_tuning_file_is_a_located_error(tmp_path, text, expected):
+    spec_copy(tmp_path, tuning=text)
+    with pytest.raises(SpecError, match="msda.tuning.json") as err:
+        load_spec(tmp_path / "specs" / "msda.yaml")
+    assert expected in err.value.message and err.value.line
+
+
+# ---- generation reads the tuning file ----------------------------------------------------------
+
+
+def _tuned_spec(tmp_path):
+    entries = {SMALL: {"decoder": {"forward": GOOD}, "encoder": {"forward": dict(GOOD, block_q=64, num_warps=8), "backward": dict(GOOD, block_q=16, num_warps=4)}}}
+    return load_spec(spec_copy(tmp_path, narrow(), tuning=tuning(entries)))
+
+
+def test_generation_takes_tuned_schedules_per_class_and_hashes_the_file(tmp_path):
+    spec = _tuned_spec(tmp_path)
+    outputs = {o.variant: o.text for o in generate(spec, ROOT)}
+    text = outputs[SMALL]
+    assert '("decoder", 8192, (16, 2, 1), (32, 4, 1)),  # forward tuned on NVIDIA H200' in text
+    assert '("encoder", None, (64, 8, 1), (16, 4, 1)),  # forward and backward tuned on NVIDIA H200' in text
+    sha = [line for line in text.splitlines() if line.startswith("# tuning sha256:")]
+    assert len(sha) == 1 and "(msda.tuning.json, beside the spec)" in sha[0] and "none" not in sha[0]
+    other = outputs["msda_fwd_f32_m8_d32_l4_k4"]
+    assert sha[0] in other  # every variant's header carries the file's hash
+    assert '("decoder", 8192, (32, 4, 1), (32, 4, 1)),  # spec defaults (not tuned)' in other
+    (tmp_path / "specs" / "msda.tuning.json").unlink()
+    untuned = next(o.text for o in generate(load_spec(tmp_path / "specs" / "msda.yaml"), ROOT) if o.variant == SMALL)
+    assert "# tuning sha256:    none (msda.tuning.json absent" in untuned
+
+
+def test_a_new_tuning_file_is_drift_until_rebuilt(project):
+    (project / "specs" / "msda.yaml").write_text(narrow())
+    assert run_kgen("build", "--no-validate", "specs/msda.yaml", cwd=project).returncode == 0
+    (project / "specs" / "msda.tuning.json").write_text(json.dumps(tuning({SMALL: {"decoder": {"forward": GOOD}}}), indent=2))
+    proc = run_kgen("verify", "--no-numerics", "--no-compile", "specs/msda.yaml", cwd=project)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.count("differs from what specs/msda.yaml generates now") == 2  # every variant: its header has the hash
+    assert "fix: kgen build specs/msda.yaml" in proc.stdout
+    assert run_kgen("build", "--no-validate", "specs/msda.yaml", cwd=project).returncode == 0
+    proc = run_kgen("verify", "--no-numerics", "--no-compile", "specs/msda.yaml", cwd=project)
+    assert proc.returncode == 0 and "drift: ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_wrapper_launches_each_size_class_schedule_and_verify_runs_them_all(tmp_path):
+    spec = _tuned_spec(tmp_path)
+    path = tmp_path / f"{SMALL}.py"
+    path.write_text(next(o.text for o in generate(spec, ROOT) if o.variant == SMALL))
+    module = load_module(path)
+    assert module._launch(8192, backward=False)[0] == 16 and module._launch(8193, backward=False)[0] == 64
+    assert module._launch(8192, backward=True)[0] == 32 and module._launch(10**6, backward=True)[0] == 16
+    results = check(module, spec, variant(spec, SMALL), "cpu")
+    forced = [r for r in results if r["case"].startswith("[encoder schedule]")]
+    assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
+
+
+# ---- the tuner, end to end on CPU with an injected timer -----------------------------------------
+
+# Two candidates x two classes x (forward, backward), in the order the tuner times them.
+FAKE_US = {
+    (16, "decoder", "forward"): 5.0, (16, "decoder", "backward"): 9.0, (16, "encoder", "forward"): 7.0, (16, "encoder", "backward"): 3.0,
+    (32, "decoder", "forward"): 6.0, (32, "decoder", "backward"): 8.0, (32, "encoder", "forward"): 4.0, (32, "encoder", "backward"): 10.0,
+}
+
+
+def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys):
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]")
+    path = spec_copy(tmp_path, text)
+    order = iter(sorted(FAKE_US, key=lambda k: (k[0], k[1] == "encoder", k[2] == "backward")))
+    calls = []
+
+    def timer(fn):
+        fn()  # the call being timed runs (under the interpreter here)
+        key = next(order)
+        calls.append(key)
+        return FAKE_US[key]
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    assert len(calls) == 8
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())
+    got = {(c, d): (e["block_q"], e["us"], e["default_us"]) for c, per in written["schedules"][SMALL].items() for d, e in per.items()}
+    assert got == {("decoder", "forward"): (16, 5.0, 6.0), ("decoder", "backward"): (32, 8.0, 8.0),
+                   ("encoder", "forward"): (32, 4.0, 4.0), ("encoder", "backward"): (16, 3.0, 10.0)}
+    assert written["tuned_on"]["device"] == "cpu (Triton interpreter)"
+    out = capsys.readouterr().out
+    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1, 5.0 us (spec default: 6.0 us)" in out
+    spec = load_spec(path)  # generation reads what the tuner wrote
+    row = next(c for c in msda.schedules(spec, variant(spec, SMALL)) if c.name == "encoder")
+    assert (row.forward, row.backward) == (Launch(32, 4, 1), Launch(16, 4, 1))
+    # --missing resumes: the variant has entries now, so nothing is timed again.
+    resumed = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], missing=True)
+    assert tune_main(resumed, timer=lambda fn: pytest.fail("timed again"), device="cpu", sizes=sizes) == 0
+    assert "no variant of" in capsys.readouterr().out
+
+
+class _Work:
+    def __init__(self, problem=None, error=None):
+        self.problem, self.error = problem, error
+
+    def check(self, direction):
+        if self.error:
+            raise self.error
+        return self.problem
+
+    def call(self, direction):
+        return lambda: None
+
+
+def test_a_candidate_that_is_wrong_or_fails_is_refused_not_timed():
+    timer = lambda fn: 1.0  # noqa: E731
+    assert _time_one(_Work(problem="B=1 Q=5: max abs 0.3"), "forward", Launch(16, 4, 1), timer) == Timed(Launch(16, 4, 1), None, "B=1 Q=5: max abs 0.3")
+    refused = _time_one(_Work(error=RuntimeError("out of resources: shared memory\nmore")), "backward", Launch(64, 8, 1), timer)
+    assert refused.us is None and refused.why == "RuntimeError: out of resources: shared memory"
+    results = {("decoder", "forward"): [Timed(Launch(64, 8, 1), None, "out of resources"), Timed(Launch(16, 4, 1), None, "wrong")]}
+    with pytest.raises(KgenError, match="every candidate was refused"):
+        winners(SPEC, variant(SPEC, SMALL), results)
+
+
+def test_tune_refuses_a_spec_without_a_tune_section(tmp_path):
+    path = spec_copy(tmp_path, SPEC_TEXT[: SPEC_TEXT.index("\ntune:")] + "\n")
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=None)
+    with pytest.raises(SpecError, match="declares no tune section"):
+        tune_main(args, timer=lambda fn: 1.0, device="cpu")
+
+
+def test_tune_without_a_gpu_exits_2_with_a_clear_message():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    proc = run_kgen("tune", "specs/msda.yaml")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "kgen tune: needs a CUDA GPU, and none is available here" in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cold_l2_timer_measures_a_kernel_on_the_gpu():
+    from kgen.tune import cold_l2_us
+
+    x = torch.randn(1 << 24, device="cuda")
+    us = cold_l2_us(lambda: x.mul_(1.0))
+    assert 1.0 < us < 10_000.0
