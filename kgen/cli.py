@@ -1,4 +1,4 @@
-"""kgen command line: build · verify · list · show · doctor.
+"""kgen command line: build · verify · list · show · doctor · schema.
 
 Exit status: 0 ok, 1 verification failed, 2 bad usage or bad spec.
 """
@@ -67,9 +67,19 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("variant")
     sh.set_defaults(run=_show)
 
+    tu = sub.add_parser("tune", help="GPU only: time the spec's schedule candidates per variant and size class, write the winners to its tuning file")
+    tu.add_argument("specs", nargs="+", metavar="SPEC")
+    tu.add_argument("--only", action="append", metavar="GLOB", help="only variants whose name matches (repeatable; default: all the spec tunes)")
+    tu.add_argument("--missing", action="store_true", help="only variants the tuning file has no entry for (resume an interrupted run)")
+    tu.set_defaults(run=_tune)
+
     d = sub.add_parser("doctor", help="versions, and which of Triton interpreter, CUDA GPU, FlyDSL compile-only work")
     d.add_argument("--format", choices=("text", "json"), default="text")
     d.set_defaults(run=_doctor)
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of the spec format (or the spec reference, --format markdown)")
+    sc.add_argument("--format", choices=("json", "markdown"), default="json", help="json (default) or markdown (docs/spec-reference.md)")
+    sc.set_defaults(run=_schema)
     return p
 
 
@@ -77,7 +87,7 @@ def _configure(args) -> None:
     """args.root (found when not given) and args.config ([tool.kgen] of its pyproject.toml)."""
     from kgen.config import find_root, load_config
 
-    if getattr(args, "run", None) is _doctor:
+    if getattr(args, "run", None) in (_doctor, _schema):
         return
     if args.root is None:
         found = find_root(Path.cwd())
@@ -117,6 +127,19 @@ def _doctor(args) -> int:
     else:
         print_report(data)
     return 0 if data["ok"] else 1
+
+
+def _tune(args) -> int:
+    from kgen.tune import main  # imported when it runs: `kgen --help` stays fast
+
+    return main(args)
+
+
+def _schema(args) -> int:
+    from kgen.schema import reference_markdown, schema_json
+
+    sys.stdout.write(schema_json() if args.format == "json" else reference_markdown())
+    return 0
 
 
 def _device(choice: str) -> str:
@@ -383,7 +406,11 @@ def _with_isa(outputs: dict, generated: Path, lock: dict, mode: str, jobs: int =
 def _list(args) -> int:
     from kgen.ops import OPS
 
-    for spec in _load_checked(_spec_args(args), args.root):
+    from kgen.spec import load_specs
+
+    # Names and axes only: the constraint and proof checks (seconds of sympy) are left to build,
+    # verify and show.
+    for spec in load_specs(_spec_args(args), check=False):
         for v in OPS[spec.op].variants(spec):
             axes = " ".join(f"{k}={val}" for k, val in v.values.items())
             print(f"{v.name:40s} {spec.path}  {axes}")
@@ -403,6 +430,9 @@ def _show(args) -> int:
                 print("derived:")
                 for f in plan.facts:
                     print(f"  {f.name:28s} {f.value:24s} {f.why}".rstrip())
+                if getattr(plan, "mapping", ()):
+                    print("which lane loads which bytes:")
+                    print("\n".join(f"  {line}" for line in plan.mapping))
                 print("address expressions (int width from the bound over the declared ranges):")
                 for w in plan.widths:
                     print(f"  {w.name:12s} = {w.expr}")
@@ -419,61 +449,6 @@ def _show(args) -> int:
                         print(f"  {name:12s} {text}")
                 return 0
     raise KgenError(f"no variant named {args.variant!r} (see `kgen list`)")
-
-
-def _cache_dir() -> Path:
-    if os.environ.get("KGEN_CACHE_DIR"):
-        return Path(os.environ["KGEN_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kgen"
-
-
-def _source_sha256() -> str:
-    """Hash of kgen's own Python source: a spec that passed the checks of this exact kgen passes
-    them again (the checks are deterministic functions of the spec and this code)."""
-    import hashlib
-
-    digest = hashlib.sha256(sys.version.encode())
-    package = Path(__file__).resolve().parent
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _load_checked(paths: list[str] | None, root: Path) -> list:
-    """load_all, but the operators' constraint and proof checks (seconds of sympy for tq_decode)
-    are skipped for a spec whose exact bytes already passed them under this exact kgen source;
-    a spec that fails is never recorded, so its error shows on every run. Keeps `kgen list` fast."""
-    import hashlib
-
-    from kgen.errors import SpecError
-    from kgen.generate import find_specs
-    from kgen.spec import load_spec
-
-    files = [Path(p) for p in paths] if paths else find_specs(root)
-    if not files:
-        raise SpecError(str(root / "specs"), None, "", "no spec files (*.yaml) found")
-    source = _source_sha256()
-    folder = _cache_dir() / "checked"
-    specs, seen = [], {}
-    for f in files:
-        try:
-            key = hashlib.sha256(source.encode() + b"\0" + f.read_bytes()).hexdigest()
-        except OSError:
-            key = None  # load_spec reports the unreadable file
-        marker = folder / key if key else None
-        known = marker is not None and marker.is_file()
-        spec = load_spec(f, check=not known)
-        if marker is not None and not known:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                marker.write_text(f"{f}\n")
-            except OSError:
-                pass  # a read-only cache only costs time
-        if spec.name in seen:
-            raise SpecError(spec.path, 1, "name", f"spec name {spec.name!r} is also used by {seen[spec.name]}")
-        seen[spec.name] = spec.path
-        specs.append(spec)
-    return specs
 
 
 def _flatten(printed, prefix=""):

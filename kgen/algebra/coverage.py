@@ -12,11 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import numpy as np
 import sympy
 
-# kgen's floor division and modulo, evaluated elementwise (domains are non-negative here).
-_MODULES = [{"FloorDiv": np.floor_divide, "Mod": np.mod}, "numpy"]
+
+def _numpy():
+    """numpy, imported by the first proof rather than with kgen.ops (reading a spec, as `kgen
+    list` does, needs no proof), together with the lambdify modules: kgen's floor division and
+    modulo, evaluated elementwise (domains are non-negative here)."""
+    import numpy as np
+
+    return np, [{"FloorDiv": np.floor_divide, "Mod": np.mod}, "numpy"]
 
 
 @dataclass(frozen=True)
@@ -40,13 +45,14 @@ def prove_cover(
 ) -> Coverage:
     """Check that (coords evaluated over indices, optionally filtered by `where`) hits every
     point of the box `tile` exactly once and nothing outside it."""
+    np, modules = _numpy()
     symbols = list(indices)
     grids = np.meshgrid(*(np.arange(indices[s]) for s in symbols), indexing="ij")
     flat = [g.ravel() for g in grids]
-    values = [np.broadcast_to(np.asarray(sympy.lambdify(symbols, c, _MODULES)(*flat)), flat[0].shape) for c in coords]
+    values = [np.broadcast_to(np.asarray(sympy.lambdify(symbols, c, modules)(*flat)), flat[0].shape) for c in coords]
     keep = np.ones(flat[0].shape, bool)
     if where is not None:
-        keep = np.broadcast_to(np.asarray(sympy.lambdify(symbols, where, _MODULES)(*flat), bool), keep.shape)
+        keep = np.broadcast_to(np.asarray(sympy.lambdify(symbols, where, modules)(*flat), bool), keep.shape)
     values = [v[keep].astype(np.int64) for v in values]
     domain = ", ".join(f"{s} < {indices[s]}" for s in symbols) + (f", where {where}" if where is not None else "")
     shown = image or " x ".join(f"[0, {n})" for n in tile)
@@ -65,10 +71,11 @@ def prove_cover(
 
 
 def _evaluate(indices: Mapping[sympy.Symbol, int], exprs: Sequence[sympy.Expr]) -> tuple[list, list[np.ndarray]]:
+    np, modules = _numpy()
     symbols = list(indices)
     grids = np.meshgrid(*(np.arange(indices[s]) for s in symbols), indexing="ij")
     flat = [g.ravel() for g in grids]
-    return flat, [np.broadcast_to(np.asarray(sympy.lambdify(symbols, e, _MODULES)(*flat)), flat[0].shape) for e in exprs]
+    return flat, [np.broadcast_to(np.asarray(sympy.lambdify(symbols, e, modules)(*flat)), flat[0].shape) for e in exprs]
 
 
 def same_map(name: str, indices: Mapping[sympy.Symbol, int], left: Sequence[sympy.Expr], right: Sequence[sympy.Expr]) -> Coverage:
@@ -78,7 +85,7 @@ def same_map(name: str, indices: Mapping[sympy.Symbol, int], left: Sequence[symp
     flat, a = _evaluate(indices, left)
     _, b = _evaluate(indices, right)
     for x, y in zip(a, b):
-        bad = np.nonzero(x != y)[0]
+        bad = (x != y).nonzero()[0]
         if bad.size:
             at = {str(s): int(f[bad[0]]) for s, f in zip(indices, flat)}
             return Coverage(name, domain, "", False, f"at {at}: {[int(v[bad[0]]) for v in a]} != {[int(v[bad[0]]) for v in b]}")

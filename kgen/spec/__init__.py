@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from kgen.errors import SpecError
+from kgen.spec import format as F
 from kgen.spec import reader as r
-from kgen.spec.model import DTYPES, FLOAT_DTYPES, Dim, Spec, TensorSpec
+from kgen.spec.model import Dim, Spec, TensorSpec
 from kgen.spec.yaml_loc import load_located
 
-__all__ = ["load_spec", "display_path", "Spec"]
-
-# Real sizes stay far below this; larger declared maxima are almost surely typos.
-_MAX_DECLARED = 2**62
+__all__ = ["load_spec", "load_specs", "display_path", "Spec"]
 
 
 def display_path(path: str | os.PathLike) -> str:
@@ -29,8 +26,8 @@ def display_path(path: str | os.PathLike) -> str:
 
 def load_spec(path: str | os.PathLike, *, check: bool = True) -> Spec:
     """Read, validate and freeze one spec file; every error is a SpecError with file:line.
-    check=False skips the operator's constraint and proof checks (`op.check_spec`); only for
-    callers that know this exact spec already passed them (see kgen.cli's checked cache)."""
+    check=False skips the operator's constraint and proof checks (`op.check_spec`, seconds of
+    sympy): for callers that need only what the spec declares, such as `kgen list`."""
     from kgen.ops import OPS  # the operator registry imports the spec model; import it late
 
     shown = display_path(path)
@@ -45,13 +42,13 @@ def load_spec(path: str | os.PathLike, *, check: bool = True) -> Spec:
         raise SpecError(shown, None, "", "invalid YAML: nested too deeply") from None
     root = r.Section(data, shown, "", 1)
 
-    name = root.get("name", r.name)
-    op_name = root.get("op", r.one_of(*sorted(OPS)))
+    name = root.get("name", F.NAME)
+    op_name = root.get("op", F.op_field(tuple(sorted(OPS))))
     op = OPS[op_name]
-    backends = root.get("backends", r.list_of(r.one_of(*op.backends), min_len=1))
-    doc = root.get("doc", r.text, default="")
+    backends = root.get("backends", F.backends_field(op.backends))
+    doc = root.get("doc", F.DOC)
     dims = _parse_dims(root.section("dims"))
-    axes, exclude = _parse_variants(root.section("variants"), dims)
+    axes, shapes, exclude = _parse_variants(root.section("variants"), dims)
     tensors = _parse_tensors(root.section("tensors"), dims, axes)
     options = op.parse_options(root, dims, dict(axes))
     root.finish()
@@ -68,12 +65,24 @@ def load_spec(path: str | os.PathLike, *, check: bool = True) -> Spec:
         exclude=exclude,
         options=options,
         normalized=json.dumps(data, sort_keys=True, separators=(",", ":")),
+        shapes=shapes,
     )
     if check:
         op.check_spec(spec, root)
     if not spec.variant_points():
         raise SpecError(shown, root.line_of("variants"), "variants", "the exclusions leave no variant to emit")
     return spec
+
+
+def load_specs(paths: list[str | os.PathLike], *, check: bool = True) -> list[Spec]:
+    """Several spec files, in order; two specs of one name are an error (their outputs collide)."""
+    specs = [load_spec(p, check=check) for p in paths]
+    seen: dict[str, str] = {}
+    for s in specs:
+        if s.name in seen:
+            raise SpecError(s.path, 1, "name", f"spec name {s.name!r} is also used by {seen[s.name]}")
+        seen[s.name] = s.path
+    return specs
 
 
 def _reject_aliases(source: str, shown: str) -> None:
@@ -99,13 +108,10 @@ def _reject_aliases(source: str, shown: str) -> None:
 def _parse_dims(section: r.Section) -> dict[str, Dim]:
     dims = {}
     for key, raw, line in section.entries():
-        if not key.isidentifier():
+        if not isinstance(key, str) or not key.isidentifier():
             raise section.error(key, "expected a dim name (a Python identifier)")
         entry = r.Section(raw, section.path, section.child_field(key), getattr(raw, "line", line))
-        value = entry.get("value", r.integer(1, _MAX_DECLARED), default=None)
-        maximum = entry.get("max", r.integer(1, _MAX_DECLARED), default=None)
-        multiple_of = entry.get("multiple_of", r.integer(1, _MAX_DECLARED), default=1)
-        doc = entry.get("doc", r.text, default="")
+        value, maximum, multiple_of, doc = (entry.get(k, F.DIM.fields[k]) for k in ("value", "max", "multiple_of", "doc"))
         entry.finish()
         if value is not None and maximum is not None:
             raise entry.error("max", "a dim is either a constant (value) or a run-time size (max), not both")
@@ -117,15 +123,15 @@ def _parse_dims(section: r.Section) -> dict[str, Dim]:
     return dims
 
 
-def _parse_variants(section: r.Section, dims: dict[str, Dim]) -> tuple[tuple, tuple]:
+def _parse_variants(section: r.Section, dims: dict[str, Dim]) -> tuple[tuple, tuple, tuple]:
     axes_section = section.section("axes")
     axes = []
     for key, raw, line in axes_section.entries():
         field = axes_section.child_field(key)
         if key == "dtype":
-            check = r.list_of(r.one_of(*FLOAT_DTYPES), min_len=1)
+            check = F.AXES.fields["dtype"].node
         elif key in dims and not dims[key].is_runtime:
-            check = r.list_of(r.integer(1, _MAX_DECLARED), min_len=1)
+            check = F.AXES.rest.node
         else:
             consts = ", ".join(d.name for d in dims.values() if not d.is_runtime)
             raise r.SpecError(section.path, line, field, f"expected 'dtype' or a constant dim ({consts})")
@@ -137,10 +143,25 @@ def _parse_variants(section: r.Section, dims: dict[str, Dim]) -> tuple[tuple, tu
             raise r.SpecError(section.path, line, field, f"repeated value in {list(values)}")
         axes.append((key, values))
     axis_values = dict(axes)
+    shapes = []
+    for item in section.items_of("shapes"):
+        shape = {}
+        for key, raw, line in item.entries():
+            if key not in dims or dims[key].is_runtime or key in axis_values:
+                consts = ", ".join(d.name for d in dims.values() if not d.is_runtime and d.name not in axis_values)
+                raise item.error(key, f"expected a constant dim that is not a variant axis ({consts})")
+            shape[key] = item.get(key, F.SHAPE_VALUE)
+        if shapes and set(shape) != set(shapes[0]):
+            raise r.SpecError(item.path, item.line, item.field, f"expected the dims of the first shape ({', '.join(shapes[0])})")
+        if shape in shapes:
+            raise r.SpecError(item.path, item.line, item.field, "repeats an earlier shape")
+        shapes.append(shape)
+    for key in shapes[0] if shapes else ():
+        axis_values[key] = tuple(dict.fromkeys(shape[key] for shape in shapes))
     for dim in dims.values():
         if not dim.is_runtime and dim.value is None and dim.name not in axis_values:
             raise r.SpecError(
-                section.path, section.line, f"dims.{dim.name}", "needs a value, a max, or a variant axis"
+                section.path, section.line, f"dims.{dim.name}", "needs a value, a max, a variant axis, or an entry in every variants.shapes item"
             )
     exclude = []
     for item in section.items_of("exclude"):
@@ -148,38 +169,22 @@ def _parse_variants(section: r.Section, dims: dict[str, Dim]) -> tuple[tuple, tu
         for key, raw, line in item.entries():
             if key not in axis_values:
                 raise item.error(key, f"not a variant axis (axes: {', '.join(axis_values)})")
-            if raw not in axis_values[key]:
-                raise item.error(key, f"expected one of the axis values {list(axis_values[key])}, got {raw!r}")
-            rule[key] = raw
+            rule[key] = item.get(key, r.AxisValue(axis_values[key]))
         exclude.append(rule)
     section.finish()
-    return tuple(axes), tuple(exclude)
+    return tuple(axes), tuple(shapes), tuple(exclude)
 
 
 def _parse_tensors(section: r.Section, dims: dict[str, Dim], axes: tuple) -> dict[str, TensorSpec]:
-    axis_names = {name for name, _ in axes}
+    shape_item = r.ShapeItem(tuple(dims))
+    fields = F.TENSOR.fields
     tensors = {}
-
-    def shape_item(value: Any) -> str | int:
-        # A dim name, a product of dim names ("Hk*QG"), or a positive integer. Parsed here, never
-        # evaluated as code.
-        if isinstance(value, str) and all(part.strip() in dims for part in value.split("*")):
-            return "*".join(part.strip() for part in value.split("*"))
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return value
-        raise r.Invalid(f"expected a dim name ({', '.join(dims)}), a product such as A*B, or a positive integer, got {value!r}")
-
-    def dtype_name(value: Any) -> str:
-        if value in DTYPES or value in axis_names:
-            return value
-        raise r.Invalid(f"expected an element type ({', '.join(DTYPES)}) or a variant axis, got {value!r}")
-
     for key, raw, line in section.entries():
         entry = r.Section(raw, section.path, section.child_field(key), getattr(raw, "line", line))
         shape = entry.get("shape", r.list_of(shape_item, min_len=1))
-        dtype = entry.get("dtype", dtype_name)
-        order = entry.get("layout", r.list_of(shape_item), default=None)
-        role = entry.get("role", r.one_of("input", "output", "scratch"), default="input")
+        dtype = entry.get("dtype", r.ElementType(tuple(name for name, _ in axes)))
+        order = entry.get("layout", r.list_of(shape_item), default=fields["layout"].default)
+        role = entry.get("role", fields["role"])
         entry.finish()
         if order is None:
             axes_order = tuple(range(len(shape)))

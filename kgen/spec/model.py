@@ -63,11 +63,15 @@ class Spec:
     exclude: tuple[Mapping[str, Any], ...]
     options: Any  # the operator's own frozen dataclass
     normalized: str  # canonical JSON of the spec's data, hashed into generated headers
+    # variants.shapes: listed combinations of constant dims, each joined with every axis point
+    shapes: tuple[Mapping[str, int], ...] = ()
 
     def variant_points(self) -> list[dict[str, Any]]:
-        """The product of the axes, in declared order, minus declared exclusions."""
+        """The product of the axes (each point joined with every listed shape), in declared
+        order, minus declared exclusions."""
         names = [name for name, _ in self.axes]
         points = [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in self.axes))]
+        points = [{**p, **shape} for p in points for shape in self.shapes or ({},)]
         return [p for p in points if not any(all(p.get(k) == v for k, v in ex.items()) for ex in self.exclude)]
 
     def constants(self, point: Mapping[str, Any]) -> dict[str, int]:
