@@ -233,3 +233,16 @@ def test_variant_shapes_errors_name_the_item(tmp_path, edit, field, message):
     with pytest.raises(SpecError) as err:
         load_spec(write(tmp_path, yaml.safe_dump(data, sort_keys=False)), check=False)
     assert err.value.field == field and message in err.value.message, str(err.value)
+
+
+def test_tq_region_axis_extent_that_is_not_a_name_is_located(tmp_path):
+    """A list (or number) where a region axis names its extent: a located error, no traceback."""
+    needle = "axes: {slot: BS, kv_head: Hk}"
+    assert TQ_SPEC.count(needle) == 1
+    text = TQ_SPEC.replace(needle, "axes: {slot: [BS], kv_head: Hk}")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "tq_decode.yaml").write_text(text)
+    proc = run_kgen("verify", "--no-numerics", "--no-compile", "specs/tq_decode.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = line_of(text, "axes: {slot: [BS]")
+    assert f"specs/tq_decode.yaml:{line}: cache.regions.data.axes.slot: expected a dim name" in proc.stderr, proc.stderr

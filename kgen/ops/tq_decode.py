@@ -159,7 +159,7 @@ def _parse_region(name: str, raw: Any, line: int | None, parent: r.Section, dims
     axes_section = section.section("axes")
     axes = []
     for axis, extent, axis_line in axes_section.entries():
-        if extent != "fields" and extent not in dims:
+        if not isinstance(extent, str) or (extent != "fields" and extent not in dims):
             raise axes_section.error(axis, f"expected a dim name ({', '.join(dims)}) or 'fields', got {extent!r}")
         axes.append((axis, extent))
     if section.has("fields") and isinstance(section.data.get("fields"), dict):
