@@ -18,7 +18,7 @@ lane, elem = sympy.symbols("lane elem", integer=True, nonnegative=True)
 
 @dataclass(frozen=True)
 class Mfma:
-    """A 16 x 16 x k bf16 MFMA with fp32 accumulation (wave64)."""
+    """A 16 x 16 x k MFMA with 16-bit operands (bf16 or fp16, per mnemonic) and fp32 accumulation (wave64)."""
 
     m: int
     n: int

@@ -253,7 +253,7 @@ def test_variant_compiles_for_gfx950(tmp_path, name, plans, sources):
     # reads per tile (64, 128, 128 at head_dim 128); no waterfall loops
     m = report.mnemonics
     tiles = c["TILES_PER_GROUP"]
-    assert (m["v_mfma_f32_16x16x32_bf16"], m["v_mfma_f32_16x16x16_bf16"], m["ds_read_b64_tr_b16"]) == (
+    assert (m[GFX950.qk_mfma.mnemonic], m[GFX950.pv_mfma.mnemonic], m[GFX950.transpose_read]) == (
         tiles * c["QK_K_CHUNKS"],
         tiles * c["PV_N_CHUNKS"],
         tiles * c["PV_N_CHUNKS"],
