@@ -37,7 +37,7 @@ DECODE_STAGES = 3  # software-pipeline depth of the tile loop's cache loads
 # an fp32 FMA dot ("ieee") takes 9-47 us and whole-matrix operands spill.
 ROTATE_ROWS = MIN_DOT
 ROTATE_CHUNK = 32
-STORE_WARPS = 8  # store schedule: the four fp32 64x64 rotation blocks need the registers of 8 warps
+STORE_WARPS = 8  # store schedule: four 64x64 rotation blocks per column block (tf32x3 dots) in 8 warps
 ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
 
