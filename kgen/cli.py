@@ -163,7 +163,7 @@ def _print_numerics(results, say=print) -> bool:
 
 
 def _build(args) -> int:
-    from kgen.emit import LOCK_NAME, lock_text, plan_lock, read_lock, write_atomic
+    from kgen.emit import LOCK_NAME, exclusive, lock_text, plan_lock, read_lock, write_atomic
     from kgen.generate import generate, load_all, project_path
     from kgen.verify.numerics import run_numerics
 
@@ -198,14 +198,15 @@ def _build(args) -> int:
             if failed:
                 raise VerifyFailure(f"not written: {len(failed)} variant(s) failed validation: {', '.join(failed)}")
 
-    old_lock = read_lock(generated)
-    outputs = _with_isa(outputs, generated, old_lock, "lock" if args.no_compile else "changed")
-    entries, stale = plan_lock(old_lock, [o for outs in outputs.values() for o in outs], list(outputs))
-    written = sum(write_atomic(generated / o.relpath, o.text) for outs in outputs.values() for o in outs)
-    for relpath in stale:
-        (generated / relpath).unlink(missing_ok=True)
-        print(f"removed {generated / relpath} (no spec produces it any more)")
-    write_atomic(generated / LOCK_NAME, lock_text(entries))
+    with exclusive(generated):  # from reading the lock to writing it: concurrent builds serialize here
+        old_lock = read_lock(generated)
+        outputs = _with_isa(outputs, generated, old_lock, "lock" if args.no_compile else "changed")
+        entries, stale = plan_lock(old_lock, [o for outs in outputs.values() for o in outs], list(outputs))
+        written = sum(write_atomic(generated / o.relpath, o.text) for outs in outputs.values() for o in outs)
+        for relpath in stale:
+            (generated / relpath).unlink(missing_ok=True)
+            print(f"removed {generated / relpath} (no spec produces it any more)")
+        write_atomic(generated / LOCK_NAME, lock_text(entries))
     total = sum(len(o) for o in outputs.values())
     print(f"kgen build: {total} variant(s) from {len(specs)} spec(s), {written} written, {total - written} unchanged")
     return 0

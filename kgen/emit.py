@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -79,6 +82,24 @@ def read_lock(generated: Path) -> dict[str, dict[str, str]]:
         return dict(json.loads((generated / LOCK_NAME).read_text())["outputs"])
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+
+
+@contextlib.contextmanager
+def exclusive(generated: Path):
+    """Hold an exclusive lock on the output directory (flock on the directory itself, so no lock
+    file appears in it) while a build reads, updates and writes kgen.lock: two builds of
+    different specs at once then merge their entries instead of one dropping the other's."""
+    generated.mkdir(parents=True, exist_ok=True)
+    fd = os.open(generated, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"kgen: waiting for another build's lock on {generated}/", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def write_atomic(path: Path, text: str) -> bool:

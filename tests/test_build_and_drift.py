@@ -31,6 +31,37 @@ def test_rebuild_writes_nothing(project):
     assert all(before[p] == after[p] for p in before if p.name != "kgen.lock")
 
 
+def test_concurrent_builds_serialize_on_the_lock(project):
+    """A build waits for the output directory's lock before it reads kgen.lock, so two builds
+    of different specs at once cannot drop each other's lock entries."""
+    import fcntl
+    import time
+
+    edited = project / "specs" / "msda.yaml"
+    edited.write_text(edited.read_text().replace("block_q: 32        # queries", "block_q: 16        # queries", 1))
+    fd = os.open(project / "generated", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        build = subprocess.Popen(
+            [sys.executable, "-m", "kgen", "build", "--no-validate", "--no-compile", "specs/msda.yaml"],
+            cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        said = ""
+        while "waiting for another build's lock" not in said:
+            line = build.stderr.readline()
+            assert line, f"build ended without waiting for the lock: rc {build.wait()}, {said}"
+            said += line
+        time.sleep(1)  # it stays blocked: nothing written while the lock is held
+        assert build.poll() is None
+        assert (project / "generated" / "kgen.lock").read_text() == (ROOT / "generated" / "kgen.lock").read_text()
+    finally:
+        os.close(fd)
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 0, err
+    assert "kgen build: 21 variant(s)" in out and "0 written" not in out
+
+
 def test_tampered_generated_file_fails_verify(project):
     path = project / VARIANT
     path.write_text(path.read_text().replace("x = loc_x * width.to(tl.float32) - 0.5", "x = loc_x * width.to(tl.float32)"))
