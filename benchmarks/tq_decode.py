@@ -2,7 +2,7 @@
 
 Run from the project root on a CUDA machine: `python benchmarks/tq_decode.py [--quick]`.
 Each result is checked (cosine similarity with exact bf16 attention on the unquantized K/V, and
-max abs error against attention on the dequantized cache) before it is timed.
+max abs and relative rms error against fp32 attention on the dequantized cache) before it is timed.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     rotation = hadamard_rotation(D).to(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}")
     print("us: device time with a cold L2; ratio = peer / ours; BW: bytes that must move / time, and its fraction of 4.29 TB/s")
-    print(f"{'seqs':>4s} {'ctx':>6s} {'ours us':>8s} {'ours db':>8s} {'sdpa us':>8s} {'deq+sdpa':>9s} {'vs sdpa':>8s} {'vs deq':>7s} {'ours BW':>8s} {'of copy':>8s} {'sdpa BW%':>8s} {'cos':>7s} {'maxerr':>8s}")
+    print(f"{'seqs':>4s} {'ctx':>6s} {'ours us':>8s} {'ours db':>8s} {'sdpa us':>8s} {'deq+sdpa':>9s} {'vs sdpa':>8s} {'vs deq':>7s} {'ours BW':>8s} {'of copy':>8s} {'sdpa BW%':>8s} {'cos':>7s} {'maxerr':>8s} {'relrms':>8s}")
     seqs_list = [1, 16] if args.quick else [1, 16, 64]
     ctx_list = [1024, 8192] if args.quick else [1024, 8192, 32768]
     grid = [(n, c) for n in seqs_list for c in ctx_list]
@@ -96,13 +96,16 @@ def main() -> None:
             exact = F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True)[:, :, 0]
             cos = F.cosine_similarity(out.float(), exact.float(), dim=-1).mean().item()
             q_rot = (q.float() @ rotation).bfloat16()
-            err = 0.0
+            err, sq_err, sq_ref = 0.0, 0.0, 0.0
             chunk = max(1, (1 << 18) // ctx)  # fp32 reference a few sequences at a time (64 x 32K needs >64 GB at once)
             for s0 in range(0, num_seqs, chunk):
                 kd, vd = dequantize(cache, block_table[s0 : s0 + chunk], ctx, centroids)
                 deq = F.scaled_dot_product_attention(q_rot[s0 : s0 + chunk, :, None].float(), kd.float(), vd.float(),
                                                      scale=scale, enable_gqa=True)[:, :, 0]
-                err = max(err, (out[s0 : s0 + chunk].float() - deq).abs().max().item())
+                diff = out[s0 : s0 + chunk].float() - deq
+                err = max(err, diff.abs().max().item())
+                sq_err, sq_ref = sq_err + diff.pow(2).sum().item(), sq_ref + deq.pow(2).sum().item()
+            rel_rms = math.sqrt(sq_err / sq_ref)  # the kernel's own error, relative to the output's size
 
             ours = cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
             ours_db = do_bench_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
@@ -113,7 +116,7 @@ def main() -> None:
             bf16_bytes = num_seqs * ctx * HK * BF16_BYTES_PER_TOKEN
             print(
                 f"{num_seqs:4d} {ctx:6d} {ours:8.1f} {ours_db:8.1f} {sdpa:8.1f} {deq_sdpa:9.1f} {sdpa / ours:7.2f}x {deq_sdpa / ours_db:6.1f}x "
-                f"{ours_bytes / ours / 1e6:7.2f}T {bandwidth_fraction(ours_bytes, ours):7.1%} {bandwidth_fraction(bf16_bytes, sdpa):7.1%} {cos:7.4f} {err:8.1e}",
+                f"{ours_bytes / ours / 1e6:7.2f}T {bandwidth_fraction(ours_bytes, ours):7.1%} {bandwidth_fraction(bf16_bytes, sdpa):7.1%} {cos:7.4f} {err:8.1e} {rel_rms:8.1e}",
                 flush=True,
             )
             del cache, k, v, kh, vh, kd, vd

@@ -32,6 +32,7 @@ class Fact:
 class Tolerance:
     atol: float
     rtol: float
+    rel_rms: float | None = None  # per sequence: rms(out - ref) / rms(ref); None: not checked
 
 
 def parse_tolerances(section: r.Section, dtypes: tuple[str, ...]) -> dict[str, Tolerance]:

@@ -132,7 +132,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
 
     val = root.section("validation")
     tol = val.section("tolerance")
-    tolerance = Tolerance(tol.get("atol", r.number(0.0)), tol.get("rtol", r.number(0.0)))
+    tolerance = Tolerance(tol.get("atol", r.number(0.0)), tol.get("rtol", r.number(0.0)), tol.get("rel_rms", r.number(0.0), default=None))
     tol.finish()
     cases = []
     for c in val.items_of("cases"):

@@ -59,6 +59,7 @@ def lower_kernel(ctx):
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
+        "V_LEVEL_MID": 1 << (ctx.spec.options.quant.value_bits - 1),  # the middle V level, subtracted before PV
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
         "NUM_STAGES": DECODE_STAGES,  # pipeline depth of the tile loop
