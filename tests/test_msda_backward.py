@@ -17,6 +17,7 @@ from kgen.generate import generate
 from kgen.ops import msda
 from kgen.ops.msda import Case
 from kgen.reference.msda import msda_forward_grid_sample
+from kgen.errors import SpecError
 from kgen.spec import load_spec
 from kgen.verify.msda import check_gradients, make_inputs
 
@@ -87,12 +88,15 @@ def test_planted_backward_bug_is_caught(tmp_path):
     assert [r["ok"] for r in results] == [False, True, True]
 
 
-def _spec_with(tmp_path, old: str, new: str):
+def _spec_with(tmp_path, old: str, new: str, *more: tuple[str, str]):
+    """The shipped spec with each `old` text replaced by its `new` one."""
     text = (ROOT / "specs" / "msda.yaml").read_text()
-    assert old in text
+    for a, b in ((old, new), *more):
+        assert a in text
+        text = text.replace(a, b)
     (tmp_path / "specs").mkdir(exist_ok=True)
     path = tmp_path / "specs" / "msda.yaml"
-    path.write_text(text.replace(old, new))
+    path.write_text(text)
     return load_spec(path)
 
 
@@ -142,7 +146,7 @@ def test_deterministic_grad_value_is_independent_of_accumulation_order(tmp_path)
     ],
 )
 def test_grad_value_accumulation_is_derived_from_the_target(tmp_path, target, expected):
-    spec = _spec_with(tmp_path, "target: sm_90", f"target: {target}")
+    spec = _spec_with(tmp_path, "target: sm_90", f"target: {target}", ("grad_accumulation: fp32", "grad_accumulation: native"))
     got = {v.values["dtype"]: msda.lower(spec, v).grad_accum for v in msda.variants(spec) if v.values["D"] == 32}
     assert got == expected
     plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.name == "msda_fwd_bf16_m8_d32_l4_k4")
@@ -151,6 +155,21 @@ def test_grad_value_accumulation_is_derived_from_the_target(tmp_path, target, ex
     text = _generate_one(spec, "msda_fwd_bf16_m8_d32_l4_k4")
     buffer = "torch.float32" if target == "sm_80" else "torch.bfloat16"
     assert f"return torch.zeros_like(value, dtype={buffer})" in text
+
+
+def test_grad_accumulation_fp32_keeps_16_bit_sums_out_of_native_atomics(tmp_path):
+    # The shipped spec asks for fp32 sums: 16-bit variants get an fp32 buffer even on sm_90,
+    # which has f16 and bf16 atomics; fp32 and fp64 variants keep their own (native) adds.
+    spec = load_spec(ROOT / "specs" / "msda.yaml")
+    assert spec.options.schedule.grad_accumulation == "fp32"
+    got = {v.values["dtype"]: msda.lower(spec, v).grad_accum for v in msda.variants(spec) if v.values["D"] == 32}
+    assert got == {"float32": "native", "float16": "fp32", "bfloat16": "fp32", "float64": "native"}
+    plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.name == "msda_fwd_f16_m8_d32_l4_k4")
+    fact = next(f for f in plan.facts if f.name == "grad_value accumulation")
+    assert "schedule.grad_accumulation: fp32" in fact.why
+    assert "return torch.zeros_like(value, dtype=torch.float32)" in _generate_one(spec, "msda_fwd_f16_m8_d32_l4_k4")
+    with pytest.raises(SpecError, match=r"schedule\.grad_accumulation"):
+        _spec_with(tmp_path, "grad_accumulation: fp32", "grad_accumulation: fp16")
 
 
 def test_custom_op_passes_opcheck():

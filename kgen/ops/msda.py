@@ -9,9 +9,12 @@ Backward: the same grid and the same address expressions. A program recomputes t
 of each sampling point, writes that point's location and weight gradients with plain stores (one
 program owns them) and scatters attn · corner weight · grad_out into grad_value with atomic adds.
 How grad_value accumulates is derived here, not tabled by hand: from the spec's target
-(`schedule.target`, facts in kgen/targets.py) and `schedule.deterministic`:
+(`schedule.target`, facts in kgen/targets.py), `schedule.deterministic` and
+`schedule.grad_accumulation`:
   - native: atomic adds in the input dtype, where the target has them for that dtype;
-  - fp32: an fp32 buffer (fp32 atomics), cast to the input dtype at the end, where it has not;
+  - fp32: an fp32 buffer (fp32 atomics), cast to the input dtype at the end, where it has not,
+    and for f16/bf16 whenever grad_accumulation is fp32 (16-bit adds round the running sum on
+    every contribution: hot pixels of small levels lose precision);
   - fixed point (deterministic): each contribution is scaled by a power of two 2^e and truncated
     to int64, the int64 atomic adds are associative and commutative, so the sum is bitwise the
     same in any order; then one pass converts back. e is picked per call on the device from a
@@ -101,6 +104,7 @@ class Schedule:
     num_stages: int
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
+    grad_accumulation: str = "native"  # "native": the input dtype's atomics where the target has them; "fp32": never narrower than fp32
 
     @property
     def launch(self) -> Launch:
@@ -144,6 +148,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
+        grad_accumulation=sched.get("grad_accumulation", r.one_of("native", "fp32"), default="native"),
     )
     sched.finish()
 
@@ -415,6 +420,8 @@ class Plan:
     target: str
     deterministic: bool
     grad_accum: str  # "native", "fp32" or "fixed_point": how grad_value's scatter accumulates
+    grad_accum_spec_choice: bool  # fp32 because schedule.grad_accumulation asks, not for want of atomics
+    grad_accumulation: str  # schedule.grad_accumulation as the spec sets it
     accum_torch_dtype: str  # dtype of the tensor the atomic adds go to on the GPU
     interpreter_accum_torch_dtype: str  # the same under the Triton interpreter (no bf16 atomics)
     fixed_point_bits: int  # fixed point: any pixel's |sum| * 2^e stays below 2^this
@@ -525,6 +532,11 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
             f"deterministic: contributions * 2^e truncated to int64, {target.atomic_add_reason('int64')}; "
             f"e per call so that Q*K*max|attn|*max|grad_out| * 2^e <= 2^{fixed_point_bits}"
         )
+    elif dtype in ("float16", "bfloat16") and opts.schedule.grad_accumulation == "fp32":
+        # A 16-bit atomic add rounds the running sum to the input dtype on every contribution: a
+        # pixel that thousands of samples hit (a small level) loses most of its gradient.
+        grad_accum, accum = "fp32", "float32"
+        accum_why = f"schedule.grad_accumulation: fp32 (16-bit sums round per add): fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
     elif target.native_atomic_add(dtype):
         grad_accum, accum, accum_why = "native", dtype, target.atomic_add_reason(dtype)
     else:
@@ -569,6 +581,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         target=target.arch,
         deterministic=opts.schedule.deterministic,
         grad_accum=grad_accum,
+        grad_accum_spec_choice=grad_accum == "fp32" and target.native_atomic_add(dtype),
+        grad_accumulation=opts.schedule.grad_accumulation,
         accum_torch_dtype=TORCH_DTYPE[accum],
         interpreter_accum_torch_dtype=TORCH_DTYPE[interpreter_accum],
         fixed_point_bits=fixed_point_bits,
