@@ -429,8 +429,9 @@ def _show(args) -> int:
                 plan = op.lower(spec, v)
                 print(f"{v.name}  ({spec.path}, op {spec.op}, backends {', '.join(spec.backends)})")
                 print("derived:")
+                name_width = max(28, *(len(f.name) for f in plan.facts))
                 for f in plan.facts:
-                    print(f"  {f.name:28s} {f.value:24s} {f.why}".rstrip())
+                    print(f"  {f.name:{name_width}s} {f.value:24s} {f.why}".rstrip())
                 if getattr(plan, "mapping", ()):
                     print("which lane loads which bytes:")
                     print("\n".join(f"  {line}" for line in plan.mapping))

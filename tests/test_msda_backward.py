@@ -22,6 +22,7 @@ from kgen.spec import load_spec
 from kgen.verify.msda import check_gradients, make_inputs
 
 SPEC = load_spec(ROOT / "specs" / "msda.yaml")
+SHIPPED_ACCUMULATION = "grad_accumulation: {decoder: native, encoder: fp32}"
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}
 # One (batch, head) row of programs per batch entry; Q=5 is a ragged single query block.
 SMALL = Case(batch=1, queries=5, spatial_shapes=((3, 5), (2, 3), (1, 2), (2, 1)), locations=(-0.2, 1.2), line=None)
@@ -122,7 +123,7 @@ def test_deterministic_grad_value_is_independent_of_accumulation_order(tmp_path)
     contributions are added (other programs, other lanes); the sum is still bitwise the same."""
     spec = _spec_with(tmp_path, "deterministic: false", "deterministic: true")
     module, text = _module_from_spec(spec, "msda_fwd_f32_m8_d32_l4_k4", tmp_path)
-    assert module.GRAD_VALUE_ACCUMULATION == "fixed_point" and "fixed = (contribution * scale).to(tl.int64)" in text
+    assert set(module.GRAD_VALUE_ACCUMULATION.values()) == {"fixed_point"} and "fixed = (contribution * scale).to(tl.int64)" in text
     case = Case(batch=1, queries=40, spatial_shapes=((2, 3), (2, 2), (1, 2), (1, 1)), locations=(0.0, 1.0), line=None)
     shapes, (value, loc, attn) = _leaves(case, module, torch.float32, seed=5)
     start = torch.tensor([0, 6, 10, 12])
@@ -146,30 +147,53 @@ def test_deterministic_grad_value_is_independent_of_accumulation_order(tmp_path)
     ],
 )
 def test_grad_value_accumulation_is_derived_from_the_target(tmp_path, target, expected):
-    spec = _spec_with(tmp_path, "target: sm_90", f"target: {target}", ("grad_accumulation: fp32", "grad_accumulation: native"))
+    spec = _spec_with(tmp_path, "target: sm_90", f"target: {target}", (SHIPPED_ACCUMULATION, "grad_accumulation: native"))
     got = {v.values["dtype"]: msda.lower(spec, v).grad_accum for v in msda.variants(spec) if v.values["D"] == 32}
     assert got == expected
     plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.name == "msda_fwd_bf16_m8_d32_l4_k4")
     fact = next(f for f in plan.facts if f.name == "grad_value accumulation")
     assert ("lacks" if target == "sm_80" else "has") in fact.why and "sm_90" in fact.why
-    text = _generate_one(spec, "msda_fwd_bf16_m8_d32_l4_k4")
-    buffer = "torch.float32" if target == "sm_80" else "torch.bfloat16"
-    assert f"return torch.zeros_like(value, dtype={buffer})" in text
+    module, _ = _module_from_spec(spec, "msda_fwd_bf16_m8_d32_l4_k4", tmp_path)
+    buffer = torch.float32 if target == "sm_80" else torch.bfloat16
+    assert [row[4] for row in module.SCHEDULES] == [buffer, buffer]
 
 
-def test_grad_accumulation_fp32_keeps_16_bit_sums_out_of_native_atomics(tmp_path):
-    # The shipped spec asks for fp32 sums: 16-bit variants get an fp32 buffer even on sm_90,
-    # which has f16 and bf16 atomics; fp32 and fp64 variants keep their own (native) adds.
+def test_grad_accumulation_per_size_class_keeps_large_16_bit_sums_out_of_native_atomics(tmp_path):
+    # The shipped spec: native adds for decoder-sized calls, an fp32 buffer above them for the
+    # 16-bit variants (sm_90 has f16 and bf16 atomics); fp32 and fp64 keep their own adds.
     spec = load_spec(ROOT / "specs" / "msda.yaml")
-    assert spec.options.schedule.grad_accumulation == "fp32"
-    got = {v.values["dtype"]: msda.lower(spec, v).grad_accum for v in msda.variants(spec) if v.values["D"] == 32}
-    assert got == {"float32": "native", "float16": "fp32", "bfloat16": "fp32", "float64": "native"}
+    assert spec.options.schedule.grad_accumulation == {"decoder": "native", "encoder": "fp32"}
+    got = {
+        v.values["dtype"]: [(a.size_class, a.kind) for a in msda.lower(spec, v).accumulations]
+        for v in msda.variants(spec) if v.values["D"] == 32
+    }
+    native, fp32 = [("decoder", "native"), ("encoder", "native")], [("decoder", "native"), ("encoder", "fp32")]
+    assert got == {"float32": native, "float16": fp32, "bfloat16": fp32, "float64": native}
     plan = next(msda.lower(spec, v) for v in msda.variants(spec) if v.name == "msda_fwd_f16_m8_d32_l4_k4")
-    fact = next(f for f in plan.facts if f.name == "grad_value accumulation")
+    assert plan.grad_accum == "by size class"
+    fact = next(f for f in plan.facts if f.name == "grad_value accumulation encoder")
     assert "schedule.grad_accumulation: fp32" in fact.why
-    assert "return torch.zeros_like(value, dtype=torch.float32)" in _generate_one(spec, "msda_fwd_f16_m8_d32_l4_k4")
-    with pytest.raises(SpecError, match=r"schedule\.grad_accumulation"):
-        _spec_with(tmp_path, "grad_accumulation: fp32", "grad_accumulation: fp16")
+    module, _ = _module_from_spec(spec, "msda_fwd_f16_m8_d32_l4_k4", tmp_path)
+    assert [row[4] for row in module.SCHEDULES] == [torch.float16, torch.float32]
+    value = torch.randn(1, 5, 8, 32, dtype=torch.float16)
+    assert module._grad_value_accumulator(value, 8192).dtype == torch.float16
+    assert module._grad_value_accumulator(value, 8193).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("grad_accumulation: fp16", r"grad_accumulation: expected native, fp32 or a mapping"),
+        ("grad_accumulation: {decoder: native}", r"grad_accumulation: expected one entry per size class of tune.size_classes \(decoder, encoder\), got decoder"),
+        ("grad_accumulation: {decoder: native, encoder: fp16}", r"expected native or fp32 for size class 'encoder', got 'fp16'"),
+        ("grad_accumulation: {decoder: native, encoder: fp32, huge: fp32}", r"got decoder, encoder, huge"),
+    ],
+)
+def test_grad_accumulation_errors_name_the_field_and_line(tmp_path, setting, message):
+    line = next(i for i, text in enumerate((ROOT / "specs" / "msda.yaml").read_text().splitlines(), 1) if SHIPPED_ACCUMULATION in text)
+    with pytest.raises(SpecError, match=message) as err:
+        _spec_with(tmp_path, SHIPPED_ACCUMULATION, setting)
+    assert f"msda.yaml:{line}: schedule.grad_accumulation" in str(err.value)
 
 
 def test_custom_op_passes_opcheck():

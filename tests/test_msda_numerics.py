@@ -149,3 +149,38 @@ def test_wrapper_names_the_shape_each_variant_was_generated_for(name, heads, lev
         module.msda_forward(value, shapes, None, loc, torch.rand(2, 3, heads, levels + 1, points))
     with pytest.raises(ValueError, match=rf"sampling_locations: expected shape \(B=2, Q=3, {heads}, {levels}, {points}, 2\)"):
         module.msda_forward(value, shapes[:levels], None, loc, torch.rand(2, 3, heads, levels, points))
+
+
+def test_usual_calls_skip_the_full_checks_and_other_valid_calls_still_pass(monkeypatch):
+    """A plain contiguous call is recognised in one comparison per argument and never runs
+    _check_arguments (host time); a valid call it does not recognise (a size-1 dim with an odd
+    stride, which the kernels accept) goes through the full checks and gives the same result."""
+    module = generated("f32", 32)
+    args = _args(batch=1)
+    calls = []
+    full_checks = module._check_arguments
+    monkeypatch.setattr(module, "_check_arguments", lambda *a: calls.append(a) or full_checks(*a))
+    out = module.msda_forward(*args)
+    assert calls == []
+    odd = list(args)
+    odd[0] = args[0].as_strided(args[0].shape, (7, *args[0].stride()[1:]))
+    assert torch.equal(module.msda_forward(*odd), out) and len(calls) == 1
+
+
+def test_calls_without_gradients_record_no_autograd_node():
+    module = generated("f32", 32)
+    args = _args()
+    assert module.msda_forward(*args).grad_fn is None
+    args[3].requires_grad_()
+    assert module.msda_forward(*args).grad_fn is not None
+    with torch.no_grad():
+        assert module.msda_forward(*args).grad_fn is None
+
+
+def test_point_loop_unrolls_only_within_the_compile_time_budget():
+    """Unrolled, L=5 x K=8 samples of D=128 tiles took LLVM minutes on sm_90 (fp64 backward:
+    over 6); such variants loop over points at run time, the small ones stay unrolled."""
+    detr = (ROOT / "generated" / "msda" / "msda_fwd_f32_m8_d32_l4_k4.py").read_text()
+    large = (ROOT / "generated" / "msda" / "msda_fwd_f64_m2_d128_l5_k8.py").read_text()
+    assert detr.count("for k in tl.static_range(POINTS):") == 2 and "tl.range(" not in detr
+    assert large.count("for k in tl.range(POINTS):") == 2 and "static_range(POINTS)" not in large

@@ -160,13 +160,13 @@ def test_generation_takes_tuned_schedules_per_class_and_hashes_the_file(tmp_path
     spec = _tuned_spec(tmp_path)
     outputs = {o.variant: o.text for o in generate(spec, ROOT)}
     text = outputs[SMALL]
-    assert '("decoder", 8192, (16, 2, 1), (32, 4, 1)),  # forward tuned on NVIDIA H200' in text
-    assert '("encoder", None, (64, 8, 1), (16, 4, 1)),  # forward and backward tuned on NVIDIA H200' in text
+    assert '# decoder: forward tuned on NVIDIA H200; grad_value: native\n    ("decoder", 8192, (16, 2, 1), (32, 4, 1), torch.float32),' in text
+    assert '# encoder: forward and backward tuned on NVIDIA H200; grad_value: native\n    ("encoder", None, (64, 8, 1), (16, 4, 1), torch.float32),' in text
     sha = [line for line in text.splitlines() if line.startswith("# tuning sha256:")]
     assert len(sha) == 1 and "(msda.tuning.json, beside the spec)" in sha[0] and "none" not in sha[0]
     other = outputs["msda_fwd_f32_m8_d32_l4_k4"]
     assert sha[0] in other  # every variant's header carries the file's hash
-    assert '("decoder", 8192, (32, 4, 1), (32, 4, 1)),  # spec defaults (not tuned)' in other
+    assert '# decoder: spec defaults (not tuned); grad_value: native\n    ("decoder", 8192, (32, 4, 1), (32, 4, 1), torch.float32),' in other
     (tmp_path / "specs" / "msda.tuning.json").unlink()
     untuned = next(o.text for o in generate(load_spec(tmp_path / "specs" / "msda.yaml"), ROOT) if o.variant == SMALL)
     assert "# tuning sha256:    none (msda.tuning.json absent" in untuned
@@ -174,6 +174,7 @@ def test_generation_takes_tuned_schedules_per_class_and_hashes_the_file(tmp_path
 
 def test_a_new_tuning_file_is_drift_until_rebuilt(project):
     (project / "specs" / "msda.yaml").write_text(narrow())
+    (project / "specs" / "msda.tuning.json").unlink()  # the shipped one names variants narrow() drops
     assert run_kgen("build", "--no-validate", "specs/msda.yaml", cwd=project).returncode == 0
     (project / "specs" / "msda.tuning.json").write_text(json.dumps(tuning({SMALL: {"decoder": {"forward": GOOD}}}), indent=2))
     proc = run_kgen("verify", "--no-numerics", "--no-compile", "specs/msda.yaml", cwd=project)
@@ -262,7 +263,9 @@ def test_a_candidate_that_is_wrong_or_fails_is_refused_not_timed():
 
 
 def test_tune_refuses_a_spec_without_a_tune_section(tmp_path):
-    path = spec_copy(tmp_path, SPEC_TEXT[: SPEC_TEXT.index("\ntune:")] + "\n")
+    untuned = SPEC_TEXT[: SPEC_TEXT.index("\ntune:")] + "\n"
+    # Without size classes, grad_accumulation takes one choice for every call.
+    path = spec_copy(tmp_path, untuned.replace("grad_accumulation: {decoder: native, encoder: fp32}", "grad_accumulation: fp32"))
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=None)
     with pytest.raises(SpecError, match="declares no tune section"):
         tune_main(args, timer=lambda fn: 1.0, device="cpu")

@@ -8,7 +8,7 @@ operator means declaring it here too.
 
 from __future__ import annotations
 
-from kgen.ops import tq_decode
+from kgen.ops import msda, tq_decode
 from kgen.spec import reader as r
 from kgen.spec.reader import OPTIONAL, Either, Field, Items, Struct
 from kgen.targets import AMD_TARGETS, NVIDIA_TARGETS
@@ -68,10 +68,11 @@ MSDA = Struct(
                         default="sm_90",
                     ),
                     "grad_accumulation": Field(
-                        r.one_of("native", "fp32"),
+                        msda.Accumulation(),
                         "How a 16-bit variant's grad_value scatter accumulates: `native` adds in the input dtype where "
                         "`target` has such atomics (fastest; each add rounds the running sum to 8 or 11 bits, so "
-                        "pixels that thousands of samples hit lose precision), `fp32` always into an fp32 buffer, cast at the end.",
+                        "pixels that thousands of samples hit lose precision), `fp32` always into an fp32 buffer, cast at the end; "
+                        "or a mapping with one of the two per size class of `tune.size_classes`, e.g. `{decoder: native, encoder: fp32}`.",
                         default="native",
                     ),
                     "deterministic": Field(

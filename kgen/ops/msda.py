@@ -13,8 +13,9 @@ How grad_value accumulates is derived here, not tabled by hand: from the spec's 
 `schedule.grad_accumulation`:
   - native: atomic adds in the input dtype, where the target has them for that dtype;
   - fp32: an fp32 buffer (fp32 atomics), cast to the input dtype at the end, where it has not,
-    and for f16/bf16 whenever grad_accumulation is fp32 (16-bit adds round the running sum on
-    every contribution: hot pixels of small levels lose precision);
+    and for f16/bf16 wherever grad_accumulation is fp32, for every call or per size class
+    (16-bit adds round the running sum on every contribution: hot pixels of small levels lose
+    precision; the buffer's zero fill and cast cost most at small B*Q);
   - fixed point (deterministic): each contribution is scaled by a power of two 2^e and truncated
     to int64, the int64 atomic adds are associative and commutative, so the sum is bitwise the
     same in any order; then one pass converts back. e is picked per call on the device from a
@@ -87,6 +88,11 @@ WARP = 32  # threads per warp on NVIDIA GPUs
 # tile, its contribution and a tile of 64-bit corner addresses at once. Up to 32 fp32 values of
 # one tile per thread keeps that within the 255 registers a thread can address; more spills.
 TILE_VALUES_PER_THREAD = 32
+# The level and point loops are unrolled (static_range) while levels * points * tile values per
+# thread stays within this; above it the point loop runs at run time. Measured on sm_90 (Triton
+# 3.6): at 1280 (L=5, K=8, D=128, BLOCK_Q 32, 4 warps) LLVM took over 100 s per 16-bit kernel and
+# over 6 minutes for the fp64 backward; at 256 (D=64) a few seconds.
+UNROLLED_TILE_VALUES = 512
 # Corner coordinates are clamped to [CLAMP, size] before they become int32 pixel indices: far
 # samples stay representable and both of their corners stay outside the image (masked).
 CLAMP = -2
@@ -104,11 +110,45 @@ class Schedule:
     num_stages: int
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
-    grad_accumulation: str = "native"  # "native": the input dtype's atomics where the target has them; "fp32": never narrower than fp32
+    # "native": the input dtype's atomics where the target has them; "fp32": never narrower than
+    # fp32; or a mapping from each size class (tune.size_classes) to one of the two.
+    grad_accumulation: str | Mapping[str, str] = "native"
 
     @property
     def launch(self) -> Launch:
         return Launch(self.block_q, self.num_warps, self.num_stages)
+
+    def accumulation_for(self, size_class: str) -> str:
+        choice = self.grad_accumulation
+        return choice if isinstance(choice, str) else choice[size_class]
+
+
+ACCUMULATIONS = ("native", "fp32")
+
+
+@dataclass(frozen=True)
+class Accumulation(r.Check):
+    """schedule.grad_accumulation: one choice for every call, or one per size class."""
+
+    def __call__(self, value: Any) -> str | dict[str, str]:
+        if isinstance(value, str) and value in ACCUMULATIONS:
+            return value
+        if isinstance(value, dict) and value:
+            out = {}
+            for name, choice in value.items():
+                if choice not in ACCUMULATIONS:
+                    raise r.Invalid(f"expected native or fp32 for size class {name!r}, got {r._show(choice)}")
+                out[str(name)] = choice
+            return out
+        raise r.Invalid(f"expected native, fp32 or a mapping {{size class: native or fp32}}, got {r._show(value)}")
+
+    def schema(self) -> dict:
+        choice = {"enum": list(ACCUMULATIONS)}
+        return {"anyOf": [choice, {"type": "object", "additionalProperties": choice, "minProperties": 1}]}
+
+    @property
+    def words(self) -> str:
+        return "`native` or `fp32`, or a mapping from each size class name to one of them"
 
 
 @dataclass(frozen=True)
@@ -148,8 +188,9 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
-        grad_accumulation=sched.get("grad_accumulation", r.one_of("native", "fp32"), default="native"),
+        grad_accumulation=sched.get("grad_accumulation", Accumulation(), default="native"),
     )
+    accumulation_line = sched.line_of("grad_accumulation")
     sched.finish()
 
     masking = root.section("masking")
@@ -169,6 +210,14 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
     val.finish()
 
     tune = parse_tune(root.section("tune"), [c.batch * c.queries for c in gpu_cases], axes) if root.has("tune") else None
+    if not isinstance(schedule.grad_accumulation, str):
+        classes = [c.name for c in tune.classes] if tune else []
+        if sorted(schedule.grad_accumulation) != sorted(classes):
+            raise SpecError(
+                root.path, accumulation_line, "schedule.grad_accumulation",
+                f"expected one entry per size class of tune.size_classes ({', '.join(classes) or 'none declared'}), "
+                f"got {', '.join(schedule.grad_accumulation)}",
+            )
 
     lines: dict[str, int | None] = {}
     dims_section, variants = root.section("dims"), root.section("variants")
@@ -401,6 +450,39 @@ class TensorCheck:
     shape: str  # tuple literal of ints and dim names, e.g. ("B", "S", 8, 32)
     dtype: str
     strides: str  # tuple of Python expressions over the bound sizes
+    sizes: str  # the shape as a Python tuple over the bound sizes, e.g. (B, S, 8, 32)
+
+
+@dataclass(frozen=True)
+class ClassAccumulation:
+    """How one size class's backward accumulates grad_value."""
+
+    size_class: str
+    kind: str  # "native", "fp32" or "fixed_point"
+    dtype: str  # of the buffer the atomic adds go to on the GPU
+    why: str
+
+    @property
+    def torch_dtype(self) -> str:
+        return TORCH_DTYPE[self.dtype]
+
+
+def _accumulation(dtype: str, target, schedule: Schedule, size_class: str, fixed_point_bits: int) -> tuple[str, str, str]:
+    """(kind, buffer dtype, why) of one size class's grad_value accumulation."""
+    if schedule.deterministic:
+        return "fixed_point", "int64", (
+            f"deterministic: contributions * 2^e truncated to int64, {target.atomic_add_reason('int64')}; "
+            f"e per call so that Q*K*max|attn|*max|grad_out| * 2^e <= 2^{fixed_point_bits}"
+        )
+    if dtype in ("float16", "bfloat16") and schedule.accumulation_for(size_class) == "fp32":
+        # A 16-bit atomic add rounds the running sum to the input dtype on every contribution: a
+        # pixel that thousands of samples hit (a small level) loses most of its gradient.
+        return "fp32", "float32", (
+            f"schedule.grad_accumulation: fp32 (16-bit sums round per add): fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
+        )
+    if target.native_atomic_add(dtype):
+        return "native", dtype, target.atomic_add_reason(dtype)
+    return "fp32", "float32", f"{target.atomic_add_reason(dtype)}: fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
 
 
 @dataclass(frozen=True)
@@ -419,11 +501,9 @@ class Plan:
     acc_torch: str
     target: str
     deterministic: bool
-    grad_accum: str  # "native", "fp32" or "fixed_point": how grad_value's scatter accumulates
-    grad_accum_spec_choice: bool  # fp32 because schedule.grad_accumulation asks, not for want of atomics
-    grad_accumulation: str  # schedule.grad_accumulation as the spec sets it
-    accum_torch_dtype: str  # dtype of the tensor the atomic adds go to on the GPU
-    interpreter_accum_torch_dtype: str  # the same under the Triton interpreter (no bf16 atomics)
+    grad_accum: str  # "native", "fp32", "fixed_point" or "by size class": how grad_value's scatter accumulates
+    accumulations: tuple[ClassAccumulation, ...]  # per size class, in SCHEDULES order
+    grad_accumulation: str | Mapping[str, str]  # schedule.grad_accumulation as the spec sets it
     fixed_point_bits: int  # fixed point: any pixel's |sum| * 2^e stays below 2^this
     exponent_range: tuple[int, int]  # fixed point: e is clamped to the accumulation type's normal exponents
     clamp: int  # corner coordinates are clamped to [clamp, size] (the pixel range proof assumes it)
@@ -432,6 +512,7 @@ class Plan:
     levels: int
     points: int
     block_d: int
+    unroll_points: bool  # the point loop: static_range, or a run-time loop (compile time)
     schedules: tuple[ClassSchedule, ...]
     header_lines: tuple[str, ...]  # extra header lines (the tuning file's hash)
     query_mask: bool
@@ -453,6 +534,7 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     launches = [s for c in plans for s in (c.forward, c.backward)]
     block_q = max(s.block_q for s in launches)  # the widest block bounds the masked lanes' addresses
     block_d = block_d_of(D)
+    unrolled = L * K * max(s.block_q * block_d // (WARP * s.num_warps) for s in launches)
 
     sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
     fold = {sym[n]: consts[n] for n in CONST_DIMS}
@@ -498,7 +580,7 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         "weight_base": address("weight_base", wts.offset(B=b, Q=q, M=m)),
         "gather": address("gather", vals.offset(S=pix, D=d), {pix: "pixel[:, None]", d: "d[None, :]"}),
         "out": address("out", out.offset(B=b, Q=q, M=m, D=d), {q: "q[:, None]", d: "d[None, :]"}),
-        # Offsets that only involve the unrolled level/point indices are compile-time ints.
+        # Offsets in the level/point indices (compile-time ints where those loops are unrolled).
         "loc_x": host(locs.offset(L=lvl, K=k_, axis5=c_(0))),
         "loc_y": host(locs.offset(L=lvl, K=k_, axis5=c_(1))),
         "weight_point": host(wts.offset(L=lvl, K=k_)),
@@ -519,32 +601,17 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         most = (2**31 - 2) // 3
         raise SpecError(spec.path, opts.lines.get("dims.S"), "dims.S.max", f"pixel coordinates (from {CLAMP}*S{CLAMP} to 3*S+1) are computed in int32: expected at most {most}, got {maxima['S']}")
 
-    # How the backward accumulates grad_value, from the target's atomics and the spec's option.
+    # How the backward accumulates grad_value, per size class: from the target's atomics and the
+    # spec's options.
     dtype = variant.values["dtype"]
     target = NVIDIA_TARGETS[opts.schedule.target]
     acc = "float64" if dtype == "float64" else "float32"
     fixed_point_bits = 61
-    if opts.schedule.deterministic:
-        if not target.native_atomic_add("int64"):
-            raise SpecError(spec.path, None, "schedule.deterministic", f"needs int64 atomic adds: {target.atomic_add_reason('int64')}")
-        grad_accum, accum = "fixed_point", "int64"
-        accum_why = (
-            f"deterministic: contributions * 2^e truncated to int64, {target.atomic_add_reason('int64')}; "
-            f"e per call so that Q*K*max|attn|*max|grad_out| * 2^e <= 2^{fixed_point_bits}"
-        )
-    elif dtype in ("float16", "bfloat16") and opts.schedule.grad_accumulation == "fp32":
-        # A 16-bit atomic add rounds the running sum to the input dtype on every contribution: a
-        # pixel that thousands of samples hit (a small level) loses most of its gradient.
-        grad_accum, accum = "fp32", "float32"
-        accum_why = f"schedule.grad_accumulation: fp32 (16-bit sums round per add): fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
-    elif target.native_atomic_add(dtype):
-        grad_accum, accum, accum_why = "native", dtype, target.atomic_add_reason(dtype)
-    else:
-        grad_accum, accum = "fp32", "float32"
-        accum_why = f"{target.atomic_add_reason(dtype)}: fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
-    # The Triton interpreter (CPU) has no bfloat16 atomics: it accumulates bf16 in fp32 instead.
-    interpreter_accum = "float32" if accum == "bfloat16" else accum
-
+    if opts.schedule.deterministic and not target.native_atomic_add("int64"):
+        raise SpecError(spec.path, None, "schedule.deterministic", f"needs int64 atomic adds: {target.atomic_add_reason('int64')}")
+    accumulations = tuple(ClassAccumulation(c.name, *_accumulation(dtype, target, opts.schedule, c.name, fixed_point_bits)) for c in plans)
+    kinds = {a.kind for a in accumulations}
+    grad_accum = kinds.pop() if len(kinds) == 1 else "by size class"
     runtime_dims = tuple((n, maxima[n], spec.dims[n].doc) for n in RUNTIME_DIMS)
     checks = tuple(_tensor_check(name, spec, variant, layouts[name], host) for name in CONTRACT if name != "output")
     query_mask = any(spec.dims["Q"].multiple_of % s.block_q for s in launches)
@@ -560,10 +627,17 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q in {sorted({s.block_q for s in launches})}"),
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
+        Fact("point loop", "unrolled" if unrolled <= UNROLLED_TILE_VALUES else "run time",
+             f"L*K*tile values per thread = {L}*{K}*{unrolled // (L * K)} = {unrolled}, unrolled up to {UNROLLED_TILE_VALUES} (compile time)"),
         Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
         Fact("backward grid", f"(cdiv(Q, BLOCK_Q), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
-        Fact("grad_value accumulation", f"{grad_accum} ({accum})", accum_why),
-        Fact("grad_value on interpreter", interpreter_accum, "the Triton interpreter has no bfloat16 atomics"),
+    ) + tuple(
+        Fact("grad_value accumulation" + (f" {a.size_class}" if grad_accum == "by size class" else ""), f"{a.kind} ({a.dtype})", a.why)
+        for a in (accumulations if grad_accum == "by size class" else accumulations[:1])
+    ) + (
+        (Fact("grad_value on interpreter", "float32", "the Triton interpreter has no bfloat16 atomics"),)
+        if any(a.dtype == "bfloat16" for a in accumulations) else ()
+    ) + (
         Fact("backward addresses", "as forward", "grad_value: value_base + gather; grad_out: out; grad_loc, grad_attn: loc_base, weight_base"),
     ) + tuple(Fact(f"range {s}", f"[{rg.lo}, {rg.hi}]", rg.why) for s, rg in ranges.items())
 
@@ -581,10 +655,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         target=target.arch,
         deterministic=opts.schedule.deterministic,
         grad_accum=grad_accum,
-        grad_accum_spec_choice=grad_accum == "fp32" and target.native_atomic_add(dtype),
+        accumulations=accumulations,
         grad_accumulation=opts.schedule.grad_accumulation,
-        accum_torch_dtype=TORCH_DTYPE[accum],
-        interpreter_accum_torch_dtype=TORCH_DTYPE[interpreter_accum],
         fixed_point_bits=fixed_point_bits,
         exponent_range=NORMAL_EXPONENTS[acc],
         clamp=CLAMP,
@@ -593,6 +665,7 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         levels=L,
         points=K,
         block_d=block_d,
+        unroll_points=unrolled <= UNROLLED_TILE_VALUES,
         schedules=plans,
         header_lines=_tuning_header(spec),
         query_mask=query_mask,
@@ -625,4 +698,5 @@ def _tensor_check(name: str, spec: Spec, variant: Variant, layout: TensorLayout,
     shape = tuple(consts.get(s, s) if isinstance(s, str) else s for s in spec.tensors[name].shape)
     shown = "(" + ", ".join(repr(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
     strides = "(" + ", ".join(host(s) for s in layout.strides) + ("," if len(shape) == 1 else "") + ")"
-    return TensorCheck(name, shown, TORCH_DTYPE[spec.dtype_of(name, variant.values)], strides)
+    sizes = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    return TensorCheck(name, shown, TORCH_DTYPE[spec.dtype_of(name, variant.values)], strides, sizes)

@@ -89,7 +89,7 @@ def _forward_result(module, case, dtype, device, tol, seed: int, prefix: str = "
 
 
 def _other_schedules(module, cases) -> list[tuple]:
-    """SCHEDULES rows whose (forward, backward) schedules no case of this run reaches."""
+    """SCHEDULES rows whose (forward, backward, accumulation dtype) no case of this run reaches."""
     def row_for(rows: int) -> tuple:
         return next(row for row in module.SCHEDULES if row[1] is None or rows <= row[1])
 
@@ -106,7 +106,7 @@ def _other_schedules(module, cases) -> list[tuple]:
 def _forced(module, row):
     """Every call of the module takes the schedules of one SCHEDULES row."""
     saved = module.SCHEDULES
-    module.SCHEDULES = ((row[0], None, row[2], row[3]),)
+    module.SCHEDULES = ((row[0], None, *row[2:]),)
     try:
         yield
     finally:
