@@ -1,6 +1,7 @@
 """TQ decode on the GPU: kgen's generated Triton kernel against bf16 SDPA and dequantize+SDPA.
 
-Run from the project root on a CUDA machine: `python benchmarks/tq_decode.py [--quick]`.
+Run from the project root on a CUDA machine: `python benchmarks/tq_decode.py [--quick]
+[--variant d64_qg4_bs16] [--configs 16x8192,...]` (default variant: d128_qg8_bs16, Hk = 8).
 Each result is checked (cosine similarity with exact bf16 attention on the unquantized K/V, and
 max abs and relative rms error against fp32 attention on the dequantized cache) before it is timed.
 """
@@ -26,9 +27,16 @@ from timing import bandwidth_fraction, cold_l2_us, do_bench_us  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-D, HK, QG, BS = 128, 8, 8, 16
-OURS_BYTES_PER_TOKEN = D + 6  # per kv head: 64 B K + 64 B V nibbles + 3 fp16 metadata
-BF16_BYTES_PER_TOKEN = 2 * D * 2  # per kv head: K and V in bf16
+HK = 8
+D = QG = BS = OURS_BYTES_PER_TOKEN = BF16_BYTES_PER_TOKEN = 0  # set by use_variant()
+
+
+def use_variant(name: str) -> None:
+    """Head dim, GQA factor and block size of the variant d{D}_qg{QG}_bs{BS} to benchmark."""
+    global D, QG, BS, OURS_BYTES_PER_TOKEN, BF16_BYTES_PER_TOKEN
+    D, QG, BS = (int(part[2:] if part[:2] in ("qg", "bs") else part[1:]) for part in name.split("_"))
+    OURS_BYTES_PER_TOKEN = D + 6  # per kv head: D/2 B of K nibbles, D/2 B of V nibbles, 3 fp16 metadata
+    BF16_BYTES_PER_TOKEN = 2 * D * 2  # per kv head: K and V in bf16
 
 
 def load(name: str):
@@ -61,7 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--configs", help="comma-separated SEQSxCONTEXT list, e.g. 1x1024,16x32768 (default: the full grid)")
+    parser.add_argument("--variant", default="d128_qg8_bs16", help="d{head_dim}_qg{GQA factor}_bs{block size}")
     args = parser.parse_args()
+    use_variant(args.variant)
     decode = load(f"tq_decode_triton_d{D}_qg{QG}_bs{BS}")
     store = load(f"tq_store_d{D}_bs{BS}")
     dev = "cuda"
@@ -69,6 +79,7 @@ def main() -> None:
     centroids = lloyd_max_centroids(D).to(dev)
     rotation = hadamard_rotation(D).to(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}")
+    print(f"variant d{D}_qg{QG}_bs{BS}, Hk = {HK}")
     print("us: device time with a cold L2; ratio = peer / ours; BW: bytes that must move / time, and its fraction of 4.29 TB/s")
     print(f"{'seqs':>4s} {'ctx':>6s} {'ours us':>8s} {'ours db':>8s} {'sdpa us':>8s} {'deq+sdpa':>9s} {'vs sdpa':>8s} {'vs deq':>7s} {'ours BW':>8s} {'of copy':>8s} {'sdpa BW%':>8s} {'cos':>7s} {'maxerr':>8s} {'relrms':>8s}")
     seqs_list = [1, 16] if args.quick else [1, 16, 64]
