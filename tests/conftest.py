@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,15 @@ def run_kgen(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run the CLI as users do, in a subprocess (exit status, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "kgen", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def keep_tuning_entries(root: Path, *variants: str) -> None:
+    """Keep only these variants' entries in root's specs/msda.tuning.json: a copy of the spec
+    narrowed to fewer variants must not name the others (kgen refuses such entries)."""
+    path = root / "specs" / "msda.tuning.json"
+    tuning = json.loads(path.read_text())
+    tuning["schedules"] = {name: entry for name, entry in tuning["schedules"].items() if name in variants}
+    path.write_text(json.dumps(tuning, indent=2))
 
 
 def load_module(path: Path):

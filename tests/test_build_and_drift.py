@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tomllib
 
-from conftest import ROOT, run_kgen
+from conftest import ROOT, keep_tuning_entries, run_kgen
 from kgen.toolchain import GENERATOR_PINS
 
 VARIANT = "generated/msda/msda_fwd_f16_m8_d48_l4_k4.py"
@@ -120,10 +120,7 @@ def test_build_refuses_a_kernel_that_fails_its_reference(project):
     """A planted template bug: validation catches it and nothing is written."""
     spec = project / "specs" / "msda.yaml"
     text = _only_the_reference_shape(spec.read_text(), "[float32]")
-    tuning_file = project / "specs" / "msda.tuning.json"  # keep the entries of the variants left
-    tuning = json.loads(tuning_file.read_text())
-    tuning["schedules"] = {k: v for k, v in tuning["schedules"].items() if k == "msda_fwd_f32_m8_d32_l4_k4"}
-    tuning_file.write_text(json.dumps(tuning, indent=2))
+    keep_tuning_entries(project, "msda_fwd_f32_m8_d32_l4_k4")
     spec.write_text(text.replace("    - {batch: 1, queries: 5,", "    # - {batch: 1, queries: 5,"))
     template = project / "templates" / "triton" / "msda_fwd.py.jinja"
     template.write_text(template.read_text().replace("y = loc_y * height.to({{ p.acc }}) - 0.5", "y = loc_y * height.to({{ p.acc }}) - 0.25"))

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, run_kgen
+from conftest import ROOT, keep_tuning_entries, run_kgen
 
 SECTION = (lambda text: text[text.index("**Add a head dim.**"): text.index("**Tune the schedule")])((ROOT / "README.md").read_text())
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", SECTION, re.S)
@@ -68,6 +68,7 @@ def test_add_a_head_dim_build_verify_and_use_it(tmp_path):
     start, end = text.index("variants:\n"), text.index("\ntensors:")
     text = text[:start] + "variants:\n  axes:\n    dtype: [float32]\n  shapes:\n    - {M: 8, D: 32, L: 4, K: 4}\n" + text[end:]
     spec.write_text(re.sub(r"\n  exclude:\n    - \{dtype: float64\}.*", "", text))  # tune.exclude names float64
+    keep_tuning_entries(root, "msda_fwd_f32_m8_d32_l4_k4")
     setup = run_kgen("build", "--no-validate", "specs/msda.yaml", cwd=root)  # the float32-only starting point
     assert setup.returncode == 0, setup.stdout + setup.stderr
 
