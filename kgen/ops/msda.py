@@ -90,8 +90,9 @@ WARP = 32  # threads per warp on NVIDIA GPUs
 TILE_VALUES_PER_THREAD = 32
 # The level and point loops are unrolled (static_range) while levels * points * tile values per
 # thread stays within this; above it the point loop runs at run time. Measured on sm_90 (Triton
-# 3.6): at 1280 (L=5, K=8, D=128, BLOCK_Q 32, 4 warps) LLVM took over 100 s per 16-bit kernel and
-# over 6 minutes for the fp64 backward; at 256 (D=64) a few seconds.
+# 3.6): at 1280 (L=5, K=8, D=128, BLOCK_Q 32, 4 warps) the fp64 backward was still in LLVM after
+# 5 minutes and a 16-bit variant's GPU validation took ~195 s (18 s with the loop); at 256 (D=64)
+# a whole validation takes a few seconds.
 UNROLLED_TILE_VALUES = 512
 # Corner coordinates are clamped to [CLAMP, size] before they become int32 pixel indices: far
 # samples stay representable and both of their corners stay outside the image (masked).
