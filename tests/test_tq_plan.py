@@ -123,8 +123,8 @@ REFUSALS = [
     # Triton alone: tl.dot's minimum K (even/odd halves), the decode tile and store rotation budgets
     (dict(axes={"head_dim": [16], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [16]",
      "gives 8-wide even/odd halves, below tl.dot's minimum K of 16; nearest that works: 32"),
-    (dict(axes={"head_dim": [2048], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [2048]",
-     "leaves 8-token tiles within the 8192-byte packed tile budget, below tl.dot's minimum N of 16; nearest that works: 1024"),
+    (dict(axes={"head_dim": [4096], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [4096]",
+     "leaves 8-token tiles within the 16384-byte packed tile budget, below tl.dot's minimum N of 16; nearest that works: 2048"),
     (dict(axes={"head_dim": [1024], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [1024]",
      "leaves 8-column rotation blocks within 4096 elements, below tl.dot's minimum N of 16; nearest that works: 512"),
     # block size, index widths, target, packing, codebook size

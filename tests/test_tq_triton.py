@@ -56,14 +56,16 @@ def test_variants_are_the_expected_ones():
 
 def test_head_dim_shapes_the_derived_numbers(sources):
     """What head_dim re-derives in the Triton modules: packed bytes per record, the tile of the
-    decode loop (its packed bytes held at the budget measured at 128), the store's blocks of
+    decode loop and its register cap (both measured per head dim), the store's blocks of
     rotation columns, and the cache block size of the host code."""
     for name, variant in VARIANTS.items():
         plan = tq_decode.lower(SPEC, variant)
         d, c = plan.consts["HEAD_DIM"], plan.consts
         assert c["PAIRS"] == d // 2
         if variant.values["kind"] == "decode":
-            assert c["TILE_TOKENS"] == {64: 128, 128: 128, 256: 64}[d] and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 64
+            assert c["TILE_TOKENS"] == 128 and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
+            # the register cap up to d128's tile of packed bytes (d256 spills under it)
+            assert c["MAX_REGISTERS"] == {64: 128, 128: 128, 256: None}[d]
         else:
             assert (c["ROT_COLS"], c["COL_BLOCKS"]) == {64: (32, 1), 128: (64, 1), 256: (32, 4)}[d]
         text = sources[name][1]
@@ -122,6 +124,36 @@ def test_host_checks_of_the_shared_code(modules):
     """What the FlyDSL variants are checked with: partition plan, validation, merge."""
     results = verify_tq.check_host(modules["tq_decode_triton_d128_qg8_bs32"], SPEC, "cpu")
     assert len(results) == 4 and not _failures(results), _failures(results)
+
+
+def test_decode_partitions_fill_one_wave_and_cover_the_table(modules, monkeypatch):
+    """decode_partitions halves partition_plan's P while the grid still fills one wave of resident
+    programs; every choice stays a power of two that covers the table."""
+    mod = modules["tq_decode_triton_d128_qg8_bs16"]
+    assert mod.PROGRAMS_PER_SM == 4  # 65536 registers / (128 threads x 128)
+    assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
+    cpu = torch.device("cpu")
+    assert mod.decode_partitions(2048, 1, 8, cpu) == mod.partition_plan(2048)  # no coarsening off the GPU
+    for resident in (4, 24, 528):
+        monkeypatch.setattr(mod, "_resident_programs", lambda device, r=resident: r)
+        for width in (0, 1, 15, 16, 17, 64, 511, 512, 2048, 2049, 16384):
+            shared_p, _ = mod.partition_plan(width)
+            for seqs, heads in ((1, 1), (1, 8), (3, 2), (16, 8), (64, 8), (1024, 64)):
+                p, tgpp = mod.decode_partitions(width, seqs, heads, cpu)
+                assert p & (p - 1) == 0 and 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS
+                if p < shared_p:  # coarsened: still a full wave, and half of it would not be
+                    assert seqs * heads * p >= resident and (p == 1 or seqs * heads * (p // 2) < resident)
+                else:
+                    assert p == 1 or seqs * heads * (p // 2) < resident
+
+
+def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch):
+    """The GPU's choice of fewer, longer partitions (several tile groups per program), forced here
+    under the interpreter by a small wave."""
+    mod = modules["tq_decode_triton_d128_qg7_bs32"]
+    monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)
+    results = verify_tq.check_decode(mod, SPEC, "cpu")
+    assert not _failures(results), _failures(results)
 
 
 def test_merge_with_empty_partitions_and_odd_partition_counts(modules):
@@ -229,9 +261,10 @@ def _planted(sources, tmp_path, name, old, new, count=1):
 
 
 def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
-    """Swapped nibble order, then the V scale read from the K norm's field."""
+    """Swapped nibble order (in the interpreter's arm of _unpack_k; tests/test_tq_ptx_unpack.py
+    plants bugs in the PTX arm), then the V scale read from the K norm's field."""
     name = "tq_decode_triton_d128_qg8_bs16"
-    swapped = _planted(sources, tmp_path, name, "(k_packed & NIBBLE_MASK)", "(k_packed >> NIBBLE_BITS)")
+    swapped = _planted(sources, tmp_path, name, "codebook_ptr, k_packed & NIBBLE_MASK,", "codebook_ptr, k_packed >> NIBBLE_BITS,")
     assert _failures(verify_tq.check_decode(swapped, SPEC, "cpu", extra_cases=False))
     plan = tq_decode.lower(SPEC, VARIANTS[name])
     wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")

@@ -15,6 +15,7 @@ interpreter on CPU, the GPU when present) rather than by lane proofs.
 
 from __future__ import annotations
 
+import struct
 from typing import Mapping
 
 import sympy
@@ -22,21 +23,35 @@ import sympy
 from kgen.algebra import FloorDiv, Mod, Range, TensorLayout, TritonPrinter, decide_width, index_symbol
 
 MIN_DOT = 16  # the smallest M, N and K that tl.dot accepts
-# Decode schedule, measured on an H200 (benchmarks/tq_decode_variants.py, 2026-12): 128-token
-# tiles with 4 warps and a 3-stage software pipeline beat 64-token tiles and 8 warps at every size
-# (16 x 32K at Hk=8: 699 us against 829-1229 us); 2 warps or 256-token tiles spill registers.
+# Decode schedule, measured on an H200. 128-token tiles with 4 warps beat 64-token tiles and 8
+# warps at every size (benchmarks/tq_decode_variants.py, 2026-11-30, 16 x 32K at Hk=8: 699 us
+# against 829-1229 us); 2 warps or 256-token tiles spilled registers. With the nibbles unpacked by
+# PTX byte permutes (the template's _unpack_k/_unpack_v) this holds at every head dim
+# (benchmarks/tq_decode_schedules.py, 2026-11-30, decode kernel alone, 16 x 32K, Hk=8): d64
+# 299-303 us against 365-395 with 64-token tiles; d256 944 against 1139-1229.
 TILE_TOKENS_TARGET = 128  # tokens per inner-loop tile (QK's N, PV's K)
-# That measurement was at head_dim 128: 128 tokens x 64 packed bytes per K (and V) tile. Other
-# head dims keep the tile's packed bytes (and so its registers) within the same budget.
-TILE_PACKED_BYTES = 128 * 64
+# ... up to the d256 tile's packed bytes per K (or V) field, the largest measured: 255 registers
+# and no spills. Larger head dims take fewer tokens per tile.
+TILE_PACKED_BYTES = 128 * 128
 DECODE_WARPS = 4  # warps per program
-DECODE_STAGES = 3  # software-pipeline depth of the tile loop's cache loads
+DECODE_STAGES = 2  # software-pipeline depth of the tile loop's cache loads (3: 493 us against 479 at d128)
+# Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
+# values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
+# 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
+# 44.7). The d256 tile holds twice the packed bytes, and capped it spills 208 values (2225 us
+# against 944); d64 needs 128 registers anyway. So the cap applies up to d128's tile of packed
+# bytes per K (or V) field.
+DECODE_MAX_REGISTERS = 128
+REGISTER_CAP_PACKED_BYTES = 128 * 64  # tile tokens x packed bytes per token, the d128 tile
+REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (sm_80, sm_90)
+MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
 # q . rotation for every query row in one launch (instead of torch's cast, GEMM and cast): 16 rows
-# per program, the rotation streamed 32 rows at a time through a tf32x3 tl.dot (fp32-accurate).
+# per program in 4 warps, the rotation streamed 32 rows at a time through a tf32x3 tl.dot (fp32-accurate).
 # H200, 2026-11-30: 7.5 us for 64 or 4096 rows against 10.5-16.4 us for torch's three kernels;
 # an fp32 FMA dot ("ieee") takes 9-47 us and whole-matrix operands spill.
 ROTATE_ROWS = MIN_DOT
 ROTATE_CHUNK = 32
+ROTATE_WARPS = 4
 STORE_WARPS = 8  # store schedule: four 64x64 rotation blocks per column block (tf32x3 dots) in 8 warps
 ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
@@ -54,6 +69,7 @@ def lower_kernel(ctx):
     tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
     if tile < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
+    max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     consts = {
         "Q_ROWS": q_rows,  # QG query heads padded to a power of two >= tl.dot's 16 rows
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
@@ -63,8 +79,14 @@ def lower_kernel(ctx):
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
         "NUM_STAGES": DECODE_STAGES,  # pipeline depth of the tile loop
+        # registers per thread, so that 4 programs share an SM (None: as many as the compiler wants)
+        "MAX_REGISTERS": max_registers,
+        # resident programs per SM at that budget: the wave the host's partition choice fills
+        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (32 * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
+        **_v_unpack_constants(ctx),
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
         "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
+        "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
     }
 
     S = ctx.sym
@@ -177,6 +199,32 @@ def _cache_fields(out: _Printer, off) -> dict[str, str]:
     return {
         "block_base": out("block_base_bytes", off["block_base_bytes"]),
         **{f: out(f"{f}_bytes", off[f"{f}_bytes"]) for f in ("k", "v", "k_norm", "v_scale", "v_zero")},
+    }
+
+
+def _f16x2(value: float) -> str:
+    """PTX immediate of an fp16 pair (value, value); the value must be exact in fp16."""
+    (bits,) = struct.unpack("<H", struct.pack("<e", value))
+    if struct.unpack("<e", struct.pack("<H", bits))[0] != value:
+        raise ValueError(f"{value} is not exact in fp16")
+    return f"0x{bits:04X}{bits:04X}"
+
+
+def _v_unpack_constants(ctx) -> dict[str, str]:
+    """fp16 constants of the byte-permute V unpacking (templates/triton/tq_decode.py.jinja).
+
+    A byte b = 16 h + l becomes the fp16 1024 + b by placing it under 1024's exponent byte;
+    clearing its low nibble leaves 1024 + 16 h. Then h - MID = (1024 + 16 h) / 16 - (64 + MID)
+    and l - MID = (1024 + b) - (1024 + 17 MID) - 16 (h - MID), every step exact in fp16
+    (tests/test_tq_triton.py runs the PTX over all 65536 byte pairs)."""
+    bits = ctx.spec.options.quant.value_bits
+    mid = 1 << (bits - 1)
+    step = 1 << bits  # weight of the high nibble
+    return {
+        "V_HIGH_SCALE": _f16x2(1.0 / step),
+        "V_HIGH_BIAS": _f16x2(-(1024.0 / step + mid)),
+        "V_LOW_OFFSET": _f16x2(1024.0 + (step + 1) * mid),
+        "V_LOW_HIGH_WEIGHT": _f16x2(-float(step)),
     }
 
 

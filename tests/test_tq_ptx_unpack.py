@@ -1,0 +1,199 @@
+"""The PTX of the Triton TQ decode's nibble unpacking, run exhaustively on a model of its instructions.
+
+Compiled for NVIDIA, the generated decode unpacks K nibbles into bf16 codebook entries and V
+nibbles into fp16 levels with inline PTX (_unpack_k, _unpack_v); the interpreter runs the plain
+Triton arm instead, so CI's numerics never execute the PTX. Here the asm text of the generated
+module is parsed and every instruction it uses is modelled on numpy arrays (one lane per input),
+so all 65536 packed byte pairs go through the exact text that ships, against the codebook and
+the level arithmetic. The H200 runs it for real (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from kgen.reference import tq as ref
+
+DECODE = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
+ALL_PAIRS = np.arange(1 << 16, dtype=np.uint32)  # two packed bytes per lane: b0 | b1 << 8
+
+
+def _inline_asm(source: str, function: str) -> tuple[str, str, int]:
+    """(asm text, constraints, pack) of the tl.inline_asm_elementwise call inside `function`."""
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    call = next(n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "inline_asm_elementwise")
+    kw = {k.arg: k.value for k in call.keywords}
+    constant = lambda node: eval(compile(ast.Expression(node), "<asm>", "eval"), {"__builtins__": {}})  # noqa: E731
+    return constant(kw["asm"]), constant(kw["constraints"]), constant(kw["pack"])
+
+
+def _prmt(a, b, sel):
+    """prmt.b32 default mode: byte i of the result is byte sel[i] & 7 of {b, a}, sign-replicated when sel[i] & 8."""
+    sel = np.broadcast_to(np.asarray(sel, dtype=np.uint32), np.shape(a))
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = np.zeros_like(a)
+    for i in range(4):
+        s = (sel >> (4 * i)) & 0xF
+        byte = np.choose((s & 7).astype(np.int64), pool)
+        byte = np.where(s & 8, np.where(byte & 0x80, 0xFF, 0), byte)
+        out |= byte.astype(np.uint32) << (8 * i)
+    return out
+
+
+def _lop3(a, b, c, lut):
+    out = np.zeros_like(a)
+    for bit in range(8):  # minterm `bit` of (a, b, c) with weights 0xF0, 0xCC, 0xAA
+        if lut >> bit & 1:
+            ta = a if bit & 4 else ~a
+            tb = b if bit & 2 else ~b
+            tc = c if bit & 1 else ~c
+            out |= ta & tb & tc
+    return out
+
+
+def _f16x2(op, *regs):
+    """An fp16x2 operation, exact in float64 and rounded once to fp16 per lane (.rn)."""
+    lanes = []
+    for shift in (0, 16):
+        vals = [((r >> shift) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64) for r in regs]
+        lanes.append(op(*vals).astype(np.float16).view(np.uint16).astype(np.uint32) << shift)
+    return lanes[0] | lanes[1]
+
+
+OPS = {
+    "and.b32": lambda a, b: a & b,
+    "or.b32": lambda a, b: a | b,
+    "shl.b32": lambda a, b: (a << b) & 0xFFFFFFFF,
+    "shr.b32": lambda a, b: a >> b,
+    "mov.b32": lambda a: a,
+    "prmt.b32": _prmt,
+    "lop3.b32": lambda a, b, c, lut: _lop3(a, b, c, int(lut[0])),
+    "sub.f16x2": lambda a, b: _f16x2(lambda x, y: x - y, a, b),
+    "fma.rn.f16x2": lambda a, b, c: _f16x2(lambda x, y, z: x * y + z, a, b, c),
+}
+
+
+def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the straight-line asm over lanes; operands maps "$n" to uint32 arrays (outputs come back)."""
+    regs = dict(operands)
+    for line in asm.splitlines():
+        line = line.split("//")[0].strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        opcode, rest = line.split(None, 1)
+        if opcode not in OPS:
+            raise AssertionError(f"instruction outside the model: {opcode} (extend OPS or the test)")
+        dest, *args = [a.strip() for a in rest.split(",")]
+        values = [regs[a] if a in regs else np.full_like(ALL_PAIRS, int(a, 0)) for a in args]
+        regs[dest] = OPS[opcode](*values).astype(np.uint32)
+    return regs
+
+
+def _table_operands(constraints: str, pack: int, words: list[int], first: int) -> dict[str, np.ndarray]:
+    """Each 32-bit argument appears `pack` times in the operand list, from $first on."""
+    assert constraints.count("r") - constraints.count("=r") == 1 + pack * len(words)
+    return {f"${first + pack * i + j}": np.full_like(ALL_PAIRS, w) for i, w in enumerate(words) for j in range(pack)}
+
+
+def _codebook_words(codebook: np.ndarray) -> list[int]:
+    """The byte planes rotate_query stores (low bytes, then high bytes), read as 8 little-endian words."""
+    bits = codebook.astype(np.float32).view(np.uint32) >> 16  # bf16 bits (the test codebooks are exact in bf16)
+    planes = np.concatenate([bits & 0xFF, bits >> 8]).astype(np.uint8)
+    return [int(w) for w in planes.view("<u4")]
+
+
+def check_unpack_k(asm, constraints, pack, codebook):
+    out = run_ptx(asm, {"$2": ALL_PAIRS, **_table_operands(constraints, pack, _codebook_words(codebook), 3)})
+    bits = (codebook.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+    b0, b1 = ALL_PAIRS & 0xFF, ALL_PAIRS >> 8
+    low = bits[b0 & 15] | bits[b1 & 15] << 16  # element 2j of both bytes' records
+    high = bits[b0 >> 4] | bits[b1 >> 4] << 16
+    return np.array_equal(out["$0"], low) and np.array_equal(out["$1"], high)
+
+
+def check_unpack_v(asm, mid):
+    out = run_ptx(asm, {"$2": ALL_PAIRS})
+    b0, b1 = ALL_PAIRS & 0xFF, ALL_PAIRS >> 8
+
+    def levels(n0, n1):
+        f = lambda n: (n.astype(np.float64) - mid).astype(np.float16).view(np.uint16).astype(np.uint32)  # noqa: E731
+        return f(n0) | f(n1) << 16
+
+    return np.array_equal(out["$0"], levels(b0 & 15, b1 & 15)) and np.array_equal(out["$1"], levels(b0 >> 4, b1 >> 4))
+
+
+def _codebooks():
+    rng = np.random.default_rng(0)
+    lloyd = ref.lloyd_max_centroids(128).numpy()
+    shuffled = rng.permutation(lloyd)  # unsorted: the lookup must not lean on order
+    wide = rng.standard_normal(16) * np.exp2(rng.integers(-20, 20, 16))  # every byte value range, both signs
+    return [(name, _round_bf16(c)) for name, c in (("lloyd-max", lloyd), ("shuffled", shuffled), ("wide", wide))]
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def source():
+    return DECODE.read_text()
+
+
+@pytest.mark.parametrize("name,codebook", _codebooks(), ids=lambda x: x if isinstance(x, str) else "")
+def test_k_unpack_looks_up_every_nibble_pair(source, name, codebook):
+    asm, constraints, pack = _inline_asm(source, "_unpack_k")
+    assert pack == 2
+    assert check_unpack_k(asm, constraints, pack, codebook), name
+
+
+def test_v_unpack_gives_every_centred_level(source):
+    asm, constraints, pack = _inline_asm(source, "_unpack_v")
+    assert (constraints, pack) == ("=r,=r,r", 2)
+    assert check_unpack_v(asm, mid=8)
+
+
+@pytest.mark.parametrize(
+    "function,old,new",
+    [
+        ("_unpack_k", "0x6240", "0x6420"),  # entries of the wrong nibbles
+        ("_unpack_k", "0x7777", "0xFFFF"),  # top bits left in the selectors: sign-replicated bytes
+        ("_unpack_k", "lop3.b32 low, a, b, upper, 0xD8", "lop3.b32 low, a, b, upper, 0xE4"),  # halves swapped
+        ("_unpack_v", "0xFFF0FFF0", "0xFFF8FFF8"),  # part of the low nibble kept in the high level
+        ("_unpack_v", "sub.f16x2 t, whole, k", "sub.f16x2 t, k, whole"),
+    ],
+)
+def test_planted_ptx_bugs_fail(source, function, old, new):
+    asm, constraints, pack = _inline_asm(source, function)
+    assert asm.count(old) == 1, old
+    bad = asm.replace(old, new)
+    codebook = _codebooks()[2][1]
+    ok = check_unpack_k(bad, constraints, pack, codebook) if function == "_unpack_k" else check_unpack_v(bad, mid=8)
+    assert not ok
+
+
+def test_every_decode_variant_ships_the_same_ptx():
+    """The PTX is variant-independent (4-bit fields, 16 centroids): one exhaustive run covers all."""
+    texts = {
+        tuple(_inline_asm(p.read_text(), f)[0] for f in ("_unpack_k", "_unpack_v"))
+        for p in (ROOT / "generated" / "tq_decode").glob("tq_decode_triton_*.py")
+    }
+    assert len(texts) == 1
+
+
+def test_model_of_prmt_and_lop3():
+    """The model itself, on cases worked from the PTX ISA's definitions of prmt (default mode) and lop3."""
+    a, b = np.array([0x33221100], dtype=np.uint32), np.array([0x77665544], dtype=np.uint32)
+    assert _prmt(a, b, 0x3210)[0] == 0x33221100
+    assert _prmt(a, b, 0x7654)[0] == 0x77665544
+    assert _prmt(a, b, 0x4040)[0] == 0x44004400
+    neg = np.array([0x000080FF], dtype=np.uint32)
+    assert _prmt(neg, np.zeros(1, np.uint32), 0x9810)[0] == 0xFFFF80FF  # bit 3: replicate the sign of byte 1, byte 0
+    assert _lop3(np.array([0xF0], np.uint32), np.array([0xCC], np.uint32), np.array([0xAA], np.uint32), 0xD8)[0] == 0xD8
