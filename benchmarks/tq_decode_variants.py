@@ -218,7 +218,8 @@ def main() -> None:
         es = torch.empty(num_seqs, HK, P, QG, dtype=torch.float32, device=dev)
         ml = torch.empty_like(es)
         out = torch.empty_like(q)
-        base_us = 0 if NCU else cold_l2_us(lambda: decode.launch_decode_kernel(q_rot, cache, centroids, block_table, seq_lens, parts, es, ml, tg, scale))
+        q_rot_bf16, codebook = decode.rotate_query(q, rotation, centroids)  # the shipped kernel's operands
+        base_us = 0 if NCU else cold_l2_us(lambda: decode.launch_decode_kernel(q_rot_bf16, cache, codebook, block_table, seq_lens, parts, es, ml, tg, scale))
         ref_out = decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation)
         print(f"current kernel vs reference: max err {(ref_out.float() - want).abs().max().item():.1e}")
         full_us = 0 if NCU else cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
