@@ -156,6 +156,9 @@ def test_grad_value_accumulation_is_derived_from_the_target(tmp_path, target, ex
     module, _ = _module_from_spec(spec, "msda_fwd_bf16_m8_d32_l4_k4", tmp_path)
     buffer = torch.float32 if target == "sm_80" else torch.bfloat16
     assert [row[4] for row in module.SCHEDULES] == [buffer, buffer]
+    # the target chose, not the spec; the module's docstring says which
+    assert not any(a.by_spec for a in plan.accumulations)
+    assert ("has no native bfloat16 atomic add" in module.__doc__) == (target == "sm_80")
 
 
 def test_grad_accumulation_per_size_class_keeps_large_16_bit_sums_out_of_native_atomics(tmp_path):
@@ -173,8 +176,10 @@ def test_grad_accumulation_per_size_class_keeps_large_16_bit_sums_out_of_native_
     assert plan.grad_accum == "by size class"
     fact = next(f for f in plan.facts if f.name == "grad_value accumulation encoder")
     assert "schedule.grad_accumulation: fp32" in fact.why
+    assert [a.by_spec for a in plan.accumulations] == [False, True]
     module, _ = _module_from_spec(spec, "msda_fwd_f16_m8_d32_l4_k4", tmp_path)
     assert [row[4] for row in module.SCHEDULES] == [torch.float16, torch.float32]
+    assert "- encoder: in an fp32 buffer, cast at the end (schedule.grad_accumulation: fp32;" in " ".join(module.__doc__.split())
     value = torch.randn(1, 5, 8, 32, dtype=torch.float16)
     assert module._grad_value_accumulator(value, 8192).dtype == torch.float16
     assert module._grad_value_accumulator(value, 8193).dtype == torch.float32

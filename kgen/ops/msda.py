@@ -462,28 +462,29 @@ class ClassAccumulation:
     kind: str  # "native", "fp32" or "fixed_point"
     dtype: str  # of the buffer the atomic adds go to on the GPU
     why: str
+    by_spec: bool  # the spec's schedule.grad_accumulation chose it, not the target's atomics
 
     @property
     def torch_dtype(self) -> str:
         return TORCH_DTYPE[self.dtype]
 
 
-def _accumulation(dtype: str, target, schedule: Schedule, size_class: str, fixed_point_bits: int) -> tuple[str, str, str]:
-    """(kind, buffer dtype, why) of one size class's grad_value accumulation."""
+def _accumulation(dtype: str, target, schedule: Schedule, size_class: str, fixed_point_bits: int) -> tuple[str, str, str, bool]:
+    """(kind, buffer dtype, why, chosen by the spec) of one size class's grad_value accumulation."""
     if schedule.deterministic:
         return "fixed_point", "int64", (
             f"deterministic: contributions * 2^e truncated to int64, {target.atomic_add_reason('int64')}; "
             f"e per call so that Q*K*max|attn|*max|grad_out| * 2^e <= 2^{fixed_point_bits}"
-        )
+        ), True
     if dtype in ("float16", "bfloat16") and schedule.accumulation_for(size_class) == "fp32":
         # A 16-bit atomic add rounds the running sum to the input dtype on every contribution: a
         # pixel that thousands of samples hit (a small level) loses most of its gradient.
         return "fp32", "float32", (
             f"schedule.grad_accumulation: fp32 (16-bit sums round per add): fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
-        )
+        ), True
     if target.native_atomic_add(dtype):
-        return "native", dtype, target.atomic_add_reason(dtype)
-    return "fp32", "float32", f"{target.atomic_add_reason(dtype)}: fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end"
+        return "native", dtype, target.atomic_add_reason(dtype), False
+    return "fp32", "float32", f"{target.atomic_add_reason(dtype)}: fp32 buffer, {target.atomic_add_reason('float32')}, cast at the end", False
 
 
 @dataclass(frozen=True)
