@@ -47,6 +47,21 @@ def load(name: str):
     return module
 
 
+def random_decode_inputs(decode, store, num_seqs, ctx, generator, centroids, rotation):
+    """(query, kv cache, block table, seq_lens) of num_seqs sequences of ctx random tokens each,
+    stored by the store kernel into randomly permuted blocks, for timing the decode alone."""
+    dev, d, qg, bs = centroids.device, decode.HEAD_DIM, decode.QG, decode.BS
+    nb = ctx // bs
+    k = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=generator, dtype=torch.bfloat16)
+    v = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=generator, dtype=torch.bfloat16)
+    query = torch.randn(num_seqs, HK * qg, d, device=dev, generator=generator, dtype=torch.bfloat16)
+    cache = torch.zeros(num_seqs * nb, decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
+    table = torch.randperm(num_seqs * nb, device=dev, generator=generator).view(num_seqs, nb).int()
+    slots = (table.long()[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(-1)
+    store.tq_store(cache, k, v, slots, centroids, rotation)
+    return query, cache, table, torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+
+
 def dequantize(cache, block_table, seq_len, centroids):
     """PyTorch dequantization of every sequence's cache (the dequantize-then-SDPA peer).
     Returns K (rotated space) and V as [num_seqs, Hk, seq_len, D] bf16."""

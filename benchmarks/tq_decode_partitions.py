@@ -13,7 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import cold_l2_us
-from tq_decode import HK, load
+from tq_decode import HK, load, random_decode_inputs
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids
 
 variant = sys.argv[1]
@@ -25,15 +25,7 @@ g = torch.Generator(device=dev).manual_seed(0)
 cent, rot = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
 for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].split(",")):
     nb = ctx // bs
-    k = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16)
-    v = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16)
-    q = torch.randn(num_seqs, HK * qg, d, device=dev, generator=g, dtype=torch.bfloat16)
-    cache = torch.zeros(num_seqs * nb, dec.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-    table = torch.randperm(num_seqs * nb, device=dev, generator=g).view(num_seqs, nb).int()
-    slots = (table.long()[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(-1)
-    store.tq_store(cache, k, v, slots, cent, rot)
-    del k, v
-    sl = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+    q, cache, table, sl = random_decode_inputs(dec, store, num_seqs, ctx, g, cent, rot)
     base = dec.tq_decode(q, cache, table, sl, cent, rot)
     groups = max(1, -(-nb * bs // dec.GROUP))
     shipped_p = dec.decode_partitions(nb, num_seqs, HK, q.device)[0]

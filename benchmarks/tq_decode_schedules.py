@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import cold_l2_us  # noqa: E402
-from tq_decode import HK, load  # noqa: E402
+from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
@@ -48,15 +48,7 @@ def main() -> None:
           f"tile {dec.TILE_TOKENS}, decode kernel alone, cold L2")
     for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")):
         nb = ctx // bs
-        k = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16)
-        v = torch.randn(num_seqs * ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16)
-        q = torch.randn(num_seqs, HK * qg, d, device=dev, generator=g, dtype=torch.bfloat16)
-        cache = torch.zeros(num_seqs * nb, dec.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-        table = torch.randperm(num_seqs * nb, device=dev, generator=g).view(num_seqs, nb).int()
-        slots = (table.long()[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(-1)
-        store.tq_store(cache, k, v, slots, centroids, rotation)
-        del k, v
-        seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+        q, cache, table, seq_lens = random_decode_inputs(dec, store, num_seqs, ctx, g, centroids, rotation)
         shipped = dec.tq_decode(q, cache, table, seq_lens, centroids, rotation)
         q_rot, codebook = dec.rotate_query(q, rotation, centroids)
         parts, groups = dec.decode_partitions(nb, num_seqs, HK, q.device)
