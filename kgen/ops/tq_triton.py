@@ -216,7 +216,7 @@ def _v_unpack_constants(ctx) -> dict[str, str]:
     A byte b = 16 h + l becomes the fp16 1024 + b by placing it under 1024's exponent byte;
     clearing its low nibble leaves 1024 + 16 h. Then h - MID = (1024 + 16 h) / 16 - (64 + MID)
     and l - MID = (1024 + b) - (1024 + 17 MID) - 16 (h - MID), every step exact in fp16
-    (tests/test_tq_triton.py runs the PTX over all 65536 byte pairs)."""
+    (tests/test_tq_ptx_unpack.py runs the PTX over all 65536 byte pairs)."""
     bits = ctx.spec.options.quant.value_bits
     mid = 1 << (bits - 1)
     step = 1 << bits  # weight of the high nibble
