@@ -153,6 +153,8 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
     under the interpreter by a small wave."""
     mod = modules["tq_decode_triton_d128_qg7_bs32"]
     monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)
+    # the spec's first case (6 sequences, 2 kv heads, a 24-block table) now runs in 1 partition, not 4
+    assert mod.decode_partitions(24, 6, 2, torch.device("cpu")) == (1, 4) and mod.partition_plan(24)[0] == 4
     results = verify_tq.check_decode(mod, SPEC, "cpu")
     assert not _failures(results), _failures(results)
 

@@ -211,7 +211,7 @@ def _f16x2(value: float) -> str:
 
 
 def _v_unpack_constants(ctx) -> dict[str, str]:
-    """fp16 constants of the byte-permute V unpacking (templates/triton/tq_decode.py.jinja).
+    """Bit patterns and fp16 constants of the V unpacking (templates/triton/tq_decode.py.jinja).
 
     A byte b = 16 h + l becomes the fp16 1024 + b by placing it under 1024's exponent byte;
     clearing its low nibble leaves 1024 + 16 h. Then h - MID = (1024 + 16 h) / 16 - (64 + MID)
@@ -220,7 +220,11 @@ def _v_unpack_constants(ctx) -> dict[str, str]:
     bits = ctx.spec.options.quant.value_bits
     mid = 1 << (bits - 1)
     step = 1 << bits  # weight of the high nibble
+    (fp16_1024,) = struct.unpack("<H", struct.pack("<e", 1024.0))
     return {
+        "FP16_1024_BITS": f"0x{fp16_1024:04X}",  # low byte zero: OR-ing a byte in gives 1024 + byte
+        "V_EXPONENT_BYTES": f"0x{(fp16_1024 >> 8) * 0x01010101:08X}",  # 1024's high byte, in all 4 bytes
+        "V_HIGH_NIBBLE_MASK": f"0x{(0xFFFF & ~(step - 1)) * 0x00010001:08X}",  # clears each lane's low nibble
         "V_HIGH_SCALE": _f16x2(1.0 / step),
         "V_HIGH_BIAS": _f16x2(-(1024.0 / step + mid)),
         "V_LOW_OFFSET": _f16x2(1024.0 + (step + 1) * mid),
