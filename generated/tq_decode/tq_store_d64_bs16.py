@@ -309,6 +309,6 @@ def tq_store(kv_cache, k, v, slot_mapping, centroids, rotation, norm_correction=
         V_LEVELS=V_LEVELS,
         KEY_NORM_EPS=KEY_NORM_EPS,
         V_SCALE_MIN=V_SCALE_MIN,
-        num_warps=8,
+        num_warps=4,
     )
     return kv_cache

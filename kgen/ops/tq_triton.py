@@ -52,7 +52,12 @@ MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
 ROTATE_ROWS = MIN_DOT
 ROTATE_CHUNK = 32
 ROTATE_WARPS = 4
-STORE_WARPS = 8  # store schedule: four 64x64 rotation blocks per column block (tf32x3 dots) in 8 warps
+# Store schedule: 16 tokens per program, rotation columns in blocks of 64 x 64 elements (tf32x3
+# dots), 4 warps. H200, 2026-11-30 (benchmarks/tq_store_schedules.py, Hk=8, BS 16): 4 warps
+# against 8 take a 64-token step from 22.6 to 10.8 us at d64, 30.7 to 20.6 at d128, 99.9 to 81.9
+# at d256; in bulk 22.6 -> 16.5, 64.0 -> 54.2, 332 -> 308 ns per token. 32 or 64 tokens per
+# program run out of shared memory or spill at d256 and are slower per step at d128.
+STORE_WARPS = 4
 ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
 
