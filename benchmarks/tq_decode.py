@@ -147,16 +147,17 @@ def main() -> None:
             )
             del cache, k, v, kh, vh, kd, vd
 
-    # Store kernel: per-token cost and bandwidth (reads bf16 k and v, writes the packed cache).
-    tokens = 65536
-    k = torch.randn(tokens, HK, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(tokens, HK, D, device=dev, dtype=torch.bfloat16)
-    cache = torch.zeros(tokens // BS, decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-    slots = torch.randperm(tokens, device=dev)
-    us = cold_l2_us(lambda: store.tq_store(cache, k, v, slots, centroids, rotation))
-    moved = tokens * HK * (2 * D * 2 + OURS_BYTES_PER_TOKEN) + tokens * 8
-    print(f"store: {tokens} tokens x {HK} kv heads in {us:.1f} us = {us * 1e3 / tokens:.2f} ns/token, "
-          f"{moved / us / 1e6:.2f} TB/s ({bandwidth_fraction(moved, us):.1%} of copy)")
+    # Store kernel: per-token cost and bandwidth (reads bf16 k and v, writes the packed cache), for
+    # one decode step of 64 sequences and for a 64K-token prefill.
+    for tokens in (64, 65536):
+        k = torch.randn(tokens, HK, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(tokens, HK, D, device=dev, dtype=torch.bfloat16)
+        cache = torch.zeros(max(tokens // BS, 1024), decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
+        slots = torch.randperm(cache.shape[0] * BS, device=dev)[:tokens]
+        us = cold_l2_us(lambda: store.tq_store(cache, k, v, slots, centroids, rotation))
+        moved = tokens * HK * (2 * D * 2 + OURS_BYTES_PER_TOKEN) + tokens * 8
+        print(f"store: {tokens} tokens x {HK} kv heads in {us:.1f} us = {us * 1e3 / tokens:.2f} ns/token, "
+              f"{moved / us / 1e6:.2f} TB/s ({bandwidth_fraction(moved, us):.1%} of copy)")
 
 
 if __name__ == "__main__":

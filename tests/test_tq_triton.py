@@ -121,6 +121,27 @@ def test_store_skips_padding_slots_and_leaves_other_bytes(modules):
     assert torch.equal(cache, want)
 
 
+def test_store_with_repeated_centroids_matches_reference_bytes(modules):
+    """The kernel sorts the centroids itself: repeated entries keep their index order (a stable
+    sort, as the reference's), so values just above and just below a repeated centroid get the
+    last and the first of its indices, bit for bit as the reference stores them."""
+    mod = modules["tq_store_d64_bs16"]
+    gen = torch.Generator().manual_seed(3)
+    centroids = ref.lloyd_max_centroids(64)[torch.randperm(16, generator=gen)]
+    centroids[[2, 9, 13]] = centroids[5].item()  # four equal entries at scattered indices
+    centroids[0] = -0.0
+    rotation = ref.hadamard_rotation(64)
+    k, v = torch.randn(48, 2, 64, generator=gen), torch.randn(48, 2, 64, generator=gen)
+    slots = torch.randperm(4 * 16, generator=gen)[:48]
+    ours = torch.full((4, mod.cache_block_bytes(2)), 0xAB, dtype=torch.uint8)
+    theirs = ours.clone()
+    mod.tq_store(ours, k, v, slots, centroids, rotation)
+    ref.store(theirs, k, v, slots, block_size=16, centroids=centroids, rotation=rotation)
+    assert torch.equal(ours, theirs)
+    stored = ref.quantize_keys(k, centroids, rotation)[0].unique().tolist()
+    assert {2, 5, 9, 13} & set(stored), stored  # the repeated centroid's indices were exercised
+
+
 def test_host_checks_of_the_shared_code(modules):
     """What the FlyDSL variants are checked with: partition plan, validation, merge."""
     results = verify_tq.check_host(modules["tq_decode_triton_d128_qg8_bs32"], SPEC, "cpu")

@@ -126,7 +126,7 @@ def quantize_keys(k, centroids, rotation, norm_correction=False):
     c = centroids.float().to(k.device)
     norm = k.norm(dim=-1)
     y = (k / (norm + 1e-8).unsqueeze(-1)) @ rotation.float().to(k.device)
-    c_sorted, order = torch.sort(c)
+    c_sorted, order = torch.sort(c, stable=True)  # equal centroids keep their index order
     mids = (c_sorted[1:] + c_sorted[:-1]) / 2
     idx = order[torch.bucketize(y.contiguous(), mids, right=False)]
     if norm_correction:
