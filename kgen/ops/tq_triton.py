@@ -144,8 +144,6 @@ def lower_store(ctx):
     per_byte, pairs = _packing(ctx)
     if pairs < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
-    if levels * ctx.spec.options.quant.key_bits > 64:
-        raise ctx.reject("quant", f"{levels} centroids of {ctx.spec.options.quant.key_bits} bits do not fit the store's one-int64 sorted-order table", "use bits: 4")
     rot_cols = min(pairs, ROT_BLOCK_ELEMENTS // pairs)
     if rot_cols < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} leaves {rot_cols}-column rotation blocks within {ROT_BLOCK_ELEMENTS} elements, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * ROT_BLOCK_ELEMENTS // MIN_DOT}")
@@ -154,7 +152,9 @@ def lower_store(ctx):
         "ROT_COLS": rot_cols,  # output pairs per block of rotation columns (two dots of K = PAIRS each)
         "COL_BLOCKS": pairs // rot_cols,  # blocks of rotation columns per token
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
-        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # one index; also one entry of the sorted-order table
+        # one index; also one entry of the kernel's sorted-order table: 16 entries of 4 bits fill one
+        # int64 exactly (_packing admits 4-bit fields only, and the spec ties centroids to 2^bits)
+        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
         "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
         "V_LEVELS": (1 << ctx.spec.options.quant.value_bits) - 1,  # largest V index (affine min/max scheme)
