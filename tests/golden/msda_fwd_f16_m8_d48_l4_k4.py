@@ -3,7 +3,7 @@
 # spec sha256:      b12b3f816b604d4eb61e8f4da913bcbde4137a988eb4e1789f98172a4d1a4895
 # templates sha256: 24a3d52c33dec890f1ce8a2382a76df6f1bbce95c04ae603e3dc8bc1d08166a2
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    d1ba0ea9ffb6c3dde97424a4697a3123ba2bc21ca09f9cbc2cf0f84f4dec4577 (msda.tuning.json, beside the spec)
+# tuning sha256:    a2c3421e9a1d1015b83b7f61c3f10573cd5322b2e6788c6d3e2cf519181bbfd6 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 50734301520 (2^35.6) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
