@@ -152,9 +152,10 @@ def lower_store(ctx):
         "ROT_COLS": rot_cols,  # output pairs per block of rotation columns (two dots of K = PAIRS each)
         "COL_BLOCKS": pairs // rot_cols,  # blocks of rotation columns per token
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
-        # one index; also one entry of the kernel's sorted-order table: 16 entries of 4 bits fill one
-        # int64 exactly (_packing admits 4-bit fields only, and the spec ties centroids to 2^bits)
-        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,
+        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # one index; one entry of the sorted-order table
+        # The kernel's sorted-order table: two 32-bit words of key_bits-wide entries, enough for the
+        # 2^bits centroids of any bits <= 4 (_packing admits 4 only: 16 entries fill both words).
+        "ORDER_WORD_ENTRIES": 32 // ctx.spec.options.quant.key_bits,
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
         "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
         "V_LEVELS": (1 << ctx.spec.options.quant.value_bits) - 1,  # largest V index (affine min/max scheme)
