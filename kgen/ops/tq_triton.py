@@ -58,6 +58,11 @@ ROTATE_WARPS = 4
 # at d256; in bulk 22.6 -> 16.5, 64.0 -> 54.2, 332 -> 308 ns per token. 32 or 64 tokens per
 # program run out of shared memory or spill at d256 and are slower per step at d128.
 STORE_WARPS = 4
+# Triton emits `.reqntid` and no register limit, so ptxas picks a register count for occupancy; at
+# d256 it settled on 32 registers and 6 KB of spills (3x slower on an H200, session 7; a small
+# change of the kernel body tips it either way). `.maxnreg` at the most a thread can address turns
+# that choice off: ptxas then uses the registers the code needs.
+STORE_MAX_REGISTERS = 255
 ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
 
@@ -152,16 +157,13 @@ def lower_store(ctx):
         "ROT_COLS": rot_cols,  # output pairs per block of rotation columns (two dots of K = PAIRS each)
         "COL_BLOCKS": pairs // rot_cols,  # blocks of rotation columns per token
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
-        "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # one index; one entry of the sorted-order table
-        # The kernel's sorted-order table: two 32-bit words of key_bits-wide entries, enough for the
-        # 2^bits centroids of any bits <= 4 (_packing admits 4 only: 16 entries fill both words).
-        "ORDER_WORD_ENTRIES": 32 // ctx.spec.options.quant.key_bits,
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
         "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
         "V_LEVELS": (1 << ctx.spec.options.quant.value_bits) - 1,  # largest V index (affine min/max scheme)
         "KEY_NORM_EPS": 1e-8,  # x = k / (||k|| + eps), operators.md §2
         "V_SCALE_MIN": 1e-8,  # scale = max((max(v) - min(v)) / V_LEVELS, this), operators.md §2
         "NUM_WARPS": STORE_WARPS,  # warps per program
+        "MAX_REGISTERS": STORE_MAX_REGISTERS,  # registers per thread (NVIDIA)
     }
     S = ctx.sym
     phys, cache_slot = index_symbol("phys_block"), index_symbol("cache_slot")
