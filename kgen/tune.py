@@ -1,9 +1,9 @@
 """Schedule tuning: the spec declares candidates and size classes, `kgen tune` (CUDA only) times
 them and writes the winners to a checked-in tuning file, which generation reads.
 
-    spec  tune: {file, candidates: {block_q, num_warps, num_stages}, size_classes: [...]}
+    spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop}, size_classes: [...]}
     file  specs/<name>.tuning.json: {"spec", "tuned_on", "schedules": {variant: {class: {forward,
-          backward}: {block_q, num_warps, num_stages, us, default_us}}}}
+          backward}: {block_q, num_warps, num_stages, point_loop, us, default_us}}}}
 
 A generated wrapper picks its size class from the call's B*Q with a host-side rule (no per-call
 tuning) and launches that class's schedule. The tuning file's sha256 goes into every generated
@@ -32,9 +32,17 @@ from typing import Any, Callable, Mapping
 from kgen.errors import KgenError, SpecError
 from kgen.spec import reader as r
 
-LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages")
+LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages", "point_loop")
 DIRECTIONS = ("forward", "backward")
-FIELD_CHECKS = {"block_q": r.power_of_two(8, 256), "num_warps": r.power_of_two(1, 16), "num_stages": r.integer(1, 8)}
+POINT_LOOPS = ("unrolled", "run_time")  # the kernel's loop over sampling points: static_range or tl.range
+FIELD_CHECKS = {
+    "block_q": r.power_of_two(8, 256),
+    "num_warps": r.power_of_two(1, 16),
+    "num_stages": r.integer(1, 8),
+    "point_loop": r.one_of(*POINT_LOOPS),
+}
+# Fields a spec's candidates or a tuning file may leave out: what kernels before the field had.
+FIELD_DEFAULTS = {"point_loop": "unrolled"}
 
 
 @dataclass(frozen=True, order=True)
@@ -44,9 +52,10 @@ class Launch:
     block_q: int
     num_warps: int
     num_stages: int
+    point_loop: str = "unrolled"  # POINT_LOOPS; "unrolled" yields to a run-time loop where unrolling is too large
 
     def __str__(self) -> str:
-        return f"block_q={self.block_q} num_warps={self.num_warps} num_stages={self.num_stages}"
+        return f"block_q={self.block_q} num_warps={self.num_warps} num_stages={self.num_stages} point_loop={self.point_loop}"
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,8 @@ def parse_tune(section: r.Section, case_rows: list[int], axes: Mapping[str, tupl
     cand = section.section("candidates")
     candidates = {}
     for name in LAUNCH_FIELDS:
-        values = cand.get(name, r.list_of(FIELD_CHECKS[name], min_len=1))
+        default = (FIELD_DEFAULTS[name],) if name in FIELD_DEFAULTS else r.REQUIRED
+        values = cand.get(name, r.list_of(FIELD_CHECKS[name], min_len=1), default=default)
         if len(set(values)) != len(values):
             raise cand.error(name, f"repeated value in {list(values)}")
         candidates[name] = tuple(sorted(values))
@@ -141,7 +151,16 @@ TUNE_FIELD = r.Field(
         {
             "file": r.Field(FileName(), "The tuning file `kgen tune` writes and generation reads, beside the spec; its sha256 is in every generated header."),
             "candidates": r.Field(
-                r.Struct({name: r.Field(r.list_of(FIELD_CHECKS[name], min_len=1), f"The `{name}` values to time.") for name in LAUNCH_FIELDS}),
+                r.Struct(
+                    {
+                        name: r.Field(
+                            r.list_of(FIELD_CHECKS[name], min_len=1),
+                            f"The `{name}` values to time.",
+                            **({"default": [FIELD_DEFAULTS[name]]} if name in FIELD_DEFAULTS else {}),
+                        )
+                        for name in LAUNCH_FIELDS
+                    }
+                ),
                 "The schedules `kgen tune` times: every combination, and the spec's `schedule`, minus those a variant cannot run.",
             ),
             "size_classes": r.Field(
@@ -245,7 +264,7 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
 
 
 def _entry(section: r.Section) -> Entry:
-    values = {name: section.get(name, FIELD_CHECKS[name]) for name in LAUNCH_FIELDS}
+    values = {name: section.get(name, FIELD_CHECKS[name], default=FIELD_DEFAULTS.get(name, r.REQUIRED)) for name in LAUNCH_FIELDS}
     us = section.get("us", r.number(0.0), default=None)
     default_us = section.get("default_us", r.number(0.0), default=None)
     section.finish()

@@ -62,9 +62,12 @@ def tuning(schedules: dict, spec: str = "msda") -> dict:
 def test_candidates_skip_schedules_whose_register_tile_does_not_fit():
     wide = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m2_d128_l5_k8"))
     # BLOCK_D 128: block_q * 128 values over 32 * num_warps threads must stay within 1 to 32 each.
-    assert wide == [Launch(16, 2, 1), Launch(16, 4, 1), Launch(16, 8, 1), Launch(32, 4, 1), Launch(32, 8, 1), Launch(64, 8, 1)]
+    # L*K = 40 samples: unrolled, only 16 x 128 over 8 warps (8 values each) stays within
+    # UNROLLED_TILE_VALUES (40 * 8 = 320 <= 512); every other fitting tile has run-time loops only.
+    fits = [(16, 2, 1), (16, 4, 1), (16, 8, 1), (32, 4, 1), (32, 8, 1), (64, 8, 1)]
+    assert wide == sorted([Launch(*f, "run_time") for f in fits] + [Launch(16, 8, 1, "unrolled")])
     narrow = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m16_d16_l2_k4"))
-    assert len(narrow) == 9 and Launch(64, 2, 1) in narrow  # 64 x 16 over 64 threads: 16 each
+    assert len(narrow) == 18 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time") in narrow  # 64 x 16 over 64 threads: 16 each
 
 
 def test_candidates_always_include_the_spec_default(tmp_path):
@@ -90,6 +93,7 @@ def test_candidates_always_include_the_spec_default(tmp_path):
         ("{name: encoder, case: 1}", "{name: decoder, case: 1}", "tune.size_classes[1].name", "repeats the size class name 'decoder'"),
         ("file: msda.tuning.json", "file: ../msda.tuning.json", "tune.file", "expected a file name ending in .json, beside the spec"),
         ("block_q: [16, 32, 64]", "block_q: [16, 24]", "tune.candidates.block_q", "item 1: expected a power of two between 8 and 256, got 24"),
+        ("point_loop: [unrolled, run_time]", "point_loop: [unrolled, sideways]", "tune.candidates.point_loop", "item 1: expected one of unrolled, run_time, got 'sideways'"),
         ("- {dtype: float64}   #", "- {dtype: float8}   #", "tune.exclude[0].dtype", "expected one of the axis values"),
         ("- {dtype: float64}   #", "- {D: 32}   #", "tune.exclude[0].D", "expected a variant axis (dtype), got 'D'"),
     ],
@@ -115,12 +119,14 @@ GOOD = {"block_q": 16, "num_warps": 2, "num_stages": 1, "us": 5.25, "default_us"
          "schedules.msda_fwd_f32_m8_d40_l4_k4", "not a variant of"),
         ({SMALL: {"tiny": {"forward": GOOD}}}, '"tiny"', f"schedules.{SMALL}.tiny", "expected a size class of the spec's tune.size_classes (decoder, encoder)"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, block_q=128, num_warps=8)}}}, '"forward"', f"schedules.{SMALL}.decoder.forward",
-         "block_q=128 num_warps=8 num_stages=1: not among tune.candidates"),
+         "block_q=128 num_warps=8 num_stages=1 point_loop=unrolled: not among tune.candidates"),
         ({"msda_fwd_f32_m2_d128_l5_k8": {"encoder": {"backward": dict(GOOD, block_q=64)}}}, '"backward"',
          "schedules.msda_fwd_f32_m2_d128_l5_k8.encoder.backward", "a BLOCK_Q x BLOCK_D = 64 x 128 tile over 2 warps is 128 values per thread"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, num_warps=3)}}}, '"num_warps"', f"schedules.{SMALL}.decoder.forward.num_warps",
          "expected a power of two between 1 and 16, got 3"),
         ({SMALL: {"decoder": {"sideways": GOOD}}}, '"sideways"', f"schedules.{SMALL}.decoder.sideways", "unknown key"),
+        ({SMALL: {"decoder": {"forward": dict(GOOD, point_loop="rolled")}}}, '"point_loop"', f"schedules.{SMALL}.decoder.forward.point_loop",
+         "expected one of unrolled, run_time, got 'rolled'"),
     ],
 )
 def test_bad_tuning_file_is_located_in_the_tuning_file(tmp_path, schedules, needle, field, expected):
@@ -160,13 +166,13 @@ def test_generation_takes_tuned_schedules_per_class_and_hashes_the_file(tmp_path
     spec = _tuned_spec(tmp_path)
     outputs = {o.variant: o.text for o in generate(spec, ROOT)}
     text = outputs[SMALL]
-    assert '# decoder: forward tuned on NVIDIA H200; grad_value: native\n    ("decoder", 8192, (16, 2, 1), (32, 4, 1), torch.float32),' in text
-    assert '# encoder: forward and backward tuned on NVIDIA H200; grad_value: native\n    ("encoder", None, (64, 8, 1), (16, 4, 1), torch.float32),' in text
+    assert '# decoder: forward tuned on NVIDIA H200; grad_value: native\n    ("decoder", 8192, (16, 2, 1, 4), (32, 4, 1, 4), torch.float32),' in text
+    assert '# encoder: forward and backward tuned on NVIDIA H200; grad_value: native\n    ("encoder", None, (64, 8, 1, 4), (16, 4, 1, 4), torch.float32),' in text
     sha = [line for line in text.splitlines() if line.startswith("# tuning sha256:")]
     assert len(sha) == 1 and "(msda.tuning.json, beside the spec)" in sha[0] and "none" not in sha[0]
     other = outputs["msda_fwd_f32_m8_d32_l4_k4"]
     assert sha[0] in other  # every variant's header carries the file's hash
-    assert '# decoder: spec defaults (not tuned); grad_value: native\n    ("decoder", 8192, (32, 4, 1), (32, 4, 1), torch.float32),' in other
+    assert '# decoder: spec defaults (not tuned); grad_value: native\n    ("decoder", 8192, (32, 4, 1, 4), (32, 4, 1, 4), torch.float32),' in other
     (tmp_path / "specs" / "msda.tuning.json").unlink()
     untuned = next(o.text for o in generate(load_spec(tmp_path / "specs" / "msda.yaml"), ROOT) if o.variant == SMALL)
     assert "# tuning sha256:    none (msda.tuning.json absent" in untuned
@@ -198,6 +204,31 @@ def test_the_wrapper_launches_each_size_class_schedule_and_verify_runs_them_all(
     assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
 
 
+def test_point_loop_per_size_class_takes_a_step_per_launch_and_every_class_runs(tmp_path):
+    """Tuned entries that unroll the decoder's point loops and run the encoder's forward one at
+    run time (as measured for bf16 encoder sizes, benchmarks/RESULTS.md session 7): the forward
+    kernel takes POINT_STEP per launch (all points or one), the backward keeps its unrolled loop,
+    and every class's schedule matches the reference under the interpreter."""
+    run_time = dict(GOOD, point_loop="run_time")
+    entries = {SMALL: {"decoder": {"forward": GOOD, "backward": GOOD}, "encoder": {"forward": run_time, "backward": GOOD}}}
+    spec = load_spec(spec_copy(tmp_path, narrow(), tuning=tuning(entries)))
+    text = next(o.text for o in generate(spec, ROOT) if o.variant == SMALL)
+    assert '("decoder", 8192, (16, 2, 1, 4), (16, 2, 1, 4), torch.float32),' in text
+    assert '("encoder", None, (16, 2, 1, 1), (16, 2, 1, 4), torch.float32),' in text
+    forward = text[text.index("def _msda_fwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _scatter_corner")]
+    backward = text[text.index("def _msda_bwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _check_tensor")]
+    assert "POINT_STEP: tl.constexpr," in forward and "for k_first in tl.range(0, POINTS, POINT_STEP):" in forward
+    assert "POINT_STEP" not in backward and "for k in tl.static_range(POINTS):" in backward
+    path = tmp_path / f"{SMALL}.py"
+    path.write_text(text)
+    module = load_module(path)
+    assert module._launch(8192, backward=False)[1]["POINT_STEP"] == 4 and module._launch(8193, backward=False)[1]["POINT_STEP"] == 1
+    assert "POINT_STEP" not in module._launch(8193, backward=True)[1]
+    results = check(module, spec, variant(spec, SMALL), "cpu")
+    forced = [r for r in results if r["case"].startswith("[encoder schedule]")]
+    assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
+
+
 # ---- the tuner, end to end on CPU with an injected timer -----------------------------------------
 
 # Two candidates x two classes x (forward, backward), in the order the tuner times them.
@@ -208,7 +239,7 @@ FAKE_US = {
 
 
 def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys):
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
     path = spec_copy(tmp_path, text)
     order = iter(sorted(FAKE_US, key=lambda k: (k[0], k[1] == "encoder", k[2] == "backward")))
     calls = []
@@ -229,7 +260,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
                    ("encoder", "forward"): (32, 4.0, 4.0), ("encoder", "backward"): (16, 3.0, 10.0)}
     assert written["tuned_on"]["device"] == "cpu (Triton interpreter)"
     out = capsys.readouterr().out
-    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1, 5.0 us (spec default: 6.0 us)" in out
+    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1 point_loop=unrolled, 5.0 us (spec default: 6.0 us)" in out
     spec = load_spec(path)  # generation reads what the tuner wrote
     row = next(c for c in msda.schedules(spec, variant(spec, SMALL)) if c.name == "encoder")
     assert (row.forward, row.backward) == (Launch(32, 4, 1), Launch(16, 4, 1))

@@ -12,7 +12,7 @@ from kgen.ops import msda, tq_decode
 from kgen.spec import reader as r
 from kgen.spec.reader import OPTIONAL, Either, Field, Items, Struct
 from kgen.targets import AMD_TARGETS, NVIDIA_TARGETS
-from kgen.tune import TUNE_FIELD
+from kgen.tune import POINT_LOOPS, TUNE_FIELD
 
 # ---- msda_forward ------------------------------------------------------------------------------
 
@@ -61,6 +61,12 @@ MSDA = Struct(
                     "block_q": Field(r.power_of_two(8, 256), "Queries per program: the tile is (block_q, D rounded up to a power of two)."),
                     "num_warps": Field(r.power_of_two(1, 16), "Warps per program (Triton `num_warps`)."),
                     "num_stages": Field(r.integer(1, 8), "Triton software-pipelining stages.", default=1),
+                    "point_loop": Field(
+                        r.one_of(*POINT_LOOPS),
+                        "The kernels' loop over sampling points: unrolled (`static_range`; a run-time loop anyway where "
+                        "levels x points x tile values per thread would take LLVM minutes), or a run-time `tl.range` loop.",
+                        default="unrolled",
+                    ),
                     "target": Field(
                         r.one_of(*NVIDIA_TARGETS),
                         "The NVIDIA GPU the backward is planned for: grad_value is scattered with native atomic adds "

@@ -59,7 +59,7 @@ from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tol
 from kgen.spec import reader as r
 from kgen.spec.model import Dim, Spec, Variant
 from kgen.targets import NVIDIA_TARGETS
-from kgen.tune import DIRECTIONS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
+from kgen.tune import DIRECTIONS, POINT_LOOPS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
 
 backends = ("triton",)
 
@@ -109,6 +109,7 @@ class Schedule:
     block_q: int
     num_warps: int
     num_stages: int
+    point_loop: str  # tune.POINT_LOOPS
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
     # "native": the input dtype's atomics where the target has them; "fp32": never narrower than
@@ -117,7 +118,7 @@ class Schedule:
 
     @property
     def launch(self) -> Launch:
-        return Launch(self.block_q, self.num_warps, self.num_stages)
+        return Launch(self.block_q, self.num_warps, self.num_stages, self.point_loop)
 
     def accumulation_for(self, size_class: str) -> str:
         choice = self.grad_accumulation
@@ -187,6 +188,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         block_q=sched.get("block_q", r.power_of_two(8, 256)),
         num_warps=sched.get("num_warps", r.power_of_two(1, 16)),
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
+        point_loop=sched.get("point_loop", r.one_of(*POINT_LOOPS), default="unrolled"),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
         grad_accumulation=sched.get("grad_accumulation", Accumulation(), default="native"),
@@ -390,9 +392,17 @@ def default_launch(spec: Spec) -> Launch:
 
 def tune_candidates(spec: Spec, variant: Variant) -> list[Launch]:
     """The schedules `kgen tune` times for this variant: tune.candidates and the default, minus
-    those whose register tile does not fit this head dim."""
-    block_d = block_d_of(spec.constants(variant.values)["D"])
-    return enumerate_candidates(spec.options.tune, default_launch(spec), lambda launch: launch_problem(block_d, launch))
+    those whose register tile does not fit this head dim, and unrolled point loops where unrolling
+    is too large (the kernel would be the run_time candidate's)."""
+    consts = spec.constants(variant.values)
+    L, K, block_d = consts["L"], consts["K"], block_d_of(consts["D"])
+
+    def problem(launch: Launch) -> str | None:
+        if launch.point_loop == "unrolled" and unrolled_values(L, K, block_d, launch) > UNROLLED_TILE_VALUES:
+            return f"unrolled, L*K*tile values per thread = {unrolled_values(L, K, block_d, launch)} > {UNROLLED_TILE_VALUES}: the point loop runs at run time anyway (the run_time candidate)"
+        return launch_problem(block_d, launch)
+
+    return enumerate_candidates(spec.options.tune, default_launch(spec), problem)
 
 
 def tune_workload(module, spec: Spec, variant: Variant, case: Case, device: str):
@@ -488,6 +498,14 @@ def _accumulation(dtype: str, target, schedule: Schedule, size_class: str, fixed
 
 
 @dataclass(frozen=True)
+class PointLoop:
+    """How one kernel (forward or backward) loops over the sampling points, across size classes."""
+
+    form: str  # "unrolled" (static_range), "run_time" (tl.range), or "by_class": POINT_STEP per launch
+    why: str  # the comment above the loop ("" for a plain unrolled loop)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the MSDA template renders, derived from the spec."""
 
@@ -514,7 +532,8 @@ class Plan:
     levels: int
     points: int
     block_d: int
-    unroll_points: bool  # the point loop: static_range, or a run-time loop (compile time)
+    point_loops: Mapping[str, PointLoop]  # by direction (DIRECTIONS)
+    point_steps: tuple[tuple[int, int], ...]  # per size class, (forward, backward): points per loop step
     schedules: tuple[ClassSchedule, ...]
     header_lines: tuple[str, ...]  # extra header lines (the tuning file's hash)
     query_mask: bool
@@ -524,6 +543,22 @@ class Plan:
     expr: Mapping[str, str]  # printed index expressions, by name
     widths: tuple[IndexWidth, ...]
     facts: tuple[Fact, ...]
+
+
+def unrolled_values(levels: int, points: int, block_d: int, launch: Launch) -> int:
+    """Tile values per thread times the samples that unrolling the level and point loops lays out."""
+    return levels * points * (launch.block_q * block_d // (WARP * launch.num_warps))
+
+
+def _point_loop(levels: int, points: int, steps: list[int], too_large: bool) -> PointLoop:
+    """The loop form of one kernel, given its points per step in each size class."""
+    if len(set(steps)) > 1:
+        return PointLoop("by_class", "POINT_STEP points per step: all of them (unrolled) or one (a run-time loop), by size class")
+    if steps[0] == points:
+        return PointLoop("unrolled", "")
+    if too_large:
+        return PointLoop("run_time", f"A run-time loop: unrolled, {levels} x {points} samples take LLVM minutes (plan: point loop).")
+    return PointLoop("run_time", "A run-time loop: the schedule's point_loop (measured faster at these sizes).")
 
 
 def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
@@ -536,7 +571,16 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     launches = [s for c in plans for s in (c.forward, c.backward)]
     block_q = max(s.block_q for s in launches)  # the widest block bounds the masked lanes' addresses
     block_d = block_d_of(D)
-    unrolled = L * K * max(s.block_q * block_d // (WARP * s.num_warps) for s in launches)
+
+    def too_large(s: Launch) -> bool:  # to unroll (compile time); the point loop runs at run time
+        return unrolled_values(L, K, block_d, s) > UNROLLED_TILE_VALUES
+
+    # Points per step of each kernel's point loop, per class: all of them (unrolled) or one.
+    point_steps = tuple(tuple(1 if s.point_loop == "run_time" or too_large(s) else K for s in (c.forward, c.backward)) for c in plans)
+    point_loops = {
+        direction: _point_loop(L, K, [steps[i] for steps in point_steps], any(too_large(getattr(c, direction)) for c in plans))
+        for i, direction in enumerate(DIRECTIONS)
+    }
 
     sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
     fold = {sym[n]: consts[n] for n in CONST_DIMS}
@@ -629,8 +673,12 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q in {sorted({s.block_q for s in launches})}"),
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
-        Fact("point loop", "unrolled" if unrolled <= UNROLLED_TILE_VALUES else "run time",
-             f"L*K*tile values per thread = {L}*{K}*{unrolled // (L * K)} = {unrolled}, unrolled up to {UNROLLED_TILE_VALUES} (compile time)"),
+    ) + tuple(
+        Fact(f"point loop {direction}", loop.form.replace("_", " "),
+             f"points per step by class: {', '.join(f'{c.name} {steps[i]}' for c, steps in zip(plans, point_steps))}; "
+             f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)")
+        for i, (direction, loop) in enumerate(point_loops.items())
+    ) + (
         Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
         Fact("backward grid", f"(cdiv(Q, BLOCK_Q), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
     ) + tuple(
@@ -667,7 +715,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         levels=L,
         points=K,
         block_d=block_d,
-        unroll_points=unrolled <= UNROLLED_TILE_VALUES,
+        point_loops=point_loops,
+        point_steps=point_steps,
         schedules=plans,
         header_lines=_tuning_header(spec),
         query_mask=query_mask,
