@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -41,8 +41,6 @@ FIELD_CHECKS = {
     "num_stages": r.integer(1, 8),
     "point_loop": r.one_of(*POINT_LOOPS),
 }
-# Fields a spec's candidates or a tuning file may leave out: what kernels before the field had.
-FIELD_DEFAULTS = {"point_loop": "unrolled"}
 
 
 @dataclass(frozen=True, order=True)
@@ -56,6 +54,11 @@ class Launch:
 
     def __str__(self) -> str:
         return f"block_q={self.block_q} num_warps={self.num_warps} num_stages={self.num_stages} point_loop={self.point_loop}"
+
+
+# Fields a spec's candidates or a tuning file may leave out (Launch's defaults: what kernels
+# before the field had).
+FIELD_DEFAULTS = {f.name: f.default for f in fields(Launch) if f.default is not MISSING}
 
 
 @dataclass(frozen=True)

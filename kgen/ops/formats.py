@@ -12,7 +12,7 @@ from kgen.ops import msda, tq_decode
 from kgen.spec import reader as r
 from kgen.spec.reader import OPTIONAL, Either, Field, Items, Struct
 from kgen.targets import AMD_TARGETS, NVIDIA_TARGETS
-from kgen.tune import POINT_LOOPS, TUNE_FIELD
+from kgen.tune import FIELD_CHECKS, FIELD_DEFAULTS, TUNE_FIELD
 
 # ---- msda_forward ------------------------------------------------------------------------------
 
@@ -62,10 +62,10 @@ MSDA = Struct(
                     "num_warps": Field(r.power_of_two(1, 16), "Warps per program (Triton `num_warps`)."),
                     "num_stages": Field(r.integer(1, 8), "Triton software-pipelining stages.", default=1),
                     "point_loop": Field(
-                        r.one_of(*POINT_LOOPS),
+                        FIELD_CHECKS["point_loop"],
                         "The kernels' loop over sampling points: unrolled (`static_range`; a run-time loop anyway where "
                         "levels x points x tile values per thread would take LLVM minutes), or a run-time `tl.range` loop.",
-                        default="unrolled",
+                        default=FIELD_DEFAULTS["point_loop"],
                     ),
                     "target": Field(
                         r.one_of(*NVIDIA_TARGETS),

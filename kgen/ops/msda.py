@@ -59,7 +59,7 @@ from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tol
 from kgen.spec import reader as r
 from kgen.spec.model import Dim, Spec, Variant
 from kgen.targets import NVIDIA_TARGETS
-from kgen.tune import DIRECTIONS, POINT_LOOPS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
+from kgen.tune import DIRECTIONS, FIELD_CHECKS, FIELD_DEFAULTS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
 
 backends = ("triton",)
 
@@ -188,7 +188,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         block_q=sched.get("block_q", r.power_of_two(8, 256)),
         num_warps=sched.get("num_warps", r.power_of_two(1, 16)),
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
-        point_loop=sched.get("point_loop", r.one_of(*POINT_LOOPS), default="unrolled"),
+        point_loop=sched.get("point_loop", FIELD_CHECKS["point_loop"], default=FIELD_DEFAULTS["point_loop"]),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
         grad_accumulation=sched.get("grad_accumulation", Accumulation(), default="native"),
@@ -398,8 +398,9 @@ def tune_candidates(spec: Spec, variant: Variant) -> list[Launch]:
     L, K, block_d = consts["L"], consts["K"], block_d_of(consts["D"])
 
     def problem(launch: Launch) -> str | None:
-        if launch.point_loop == "unrolled" and unrolled_values(L, K, block_d, launch) > UNROLLED_TILE_VALUES:
-            return f"unrolled, L*K*tile values per thread = {unrolled_values(L, K, block_d, launch)} > {UNROLLED_TILE_VALUES}: the point loop runs at run time anyway (the run_time candidate)"
+        values = unrolled_values(L, K, block_d, launch)
+        if launch.point_loop == "unrolled" and values > UNROLLED_TILE_VALUES:
+            return f"unrolled, L*K*tile values per thread = {values} > {UNROLLED_TILE_VALUES}: the point loop runs at run time anyway (the run_time candidate)"
         return launch_problem(block_d, launch)
 
     return enumerate_candidates(spec.options.tune, default_launch(spec), problem)

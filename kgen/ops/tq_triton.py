@@ -62,7 +62,7 @@ STORE_WARPS = 4
 # d256 it settled on 32 registers and 6 KB of spills (3x slower on an H200, session 7; a small
 # change of the kernel body tips it either way). `.maxnreg` at the most a thread can address turns
 # that choice off: ptxas then uses the registers the code needs.
-STORE_MAX_REGISTERS = 255
+STORE_MAX_REGISTERS = MAX_THREAD_REGISTERS
 ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
 
 
