@@ -3,7 +3,7 @@
 # spec sha256:      95fd554bfee2e8ee3711cc8015ae80b886fd3a1a38f82980571285fd86a51e87
 # templates sha256: 6cb300d33170d1953ea4647f7f086174f6b9f4d2d6a57bb457d59fb09ea0d2b5
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    791982497461bb1b0e933df358b4efbb051ec6192891de659bed1db2dc7e8bae (msda.tuning.json, beside the spec)
+# tuning sha256:    97c33213f0dad4d2aee9bdb94a77ba29f716a88d302c8886fc9e7d8653cbc026 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867680 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
@@ -43,9 +43,9 @@ BLOCK_D = 32
 # backward (the same), the dtype grad_value accumulates in)
 SCHEDULES = (
     # decoder: forward and backward tuned on NVIDIA H200; grad_value: native
-    ("decoder", 8192, (32, 8, 1, 4), (16, 8, 1, 4), torch.float16),
+    ("decoder", 8192, (16, 4, 1, 4), (16, 8, 1, 4), torch.float16),
     # encoder: forward and backward tuned on NVIDIA H200; grad_value: fp32
-    ("encoder", None, (16, 4, 1, 4), (16, 4, 1, 4), torch.float32),
+    ("encoder", None, (32, 4, 1, 1), (16, 4, 1, 4), torch.float32),
 )
 # Run-time sizes the index arithmetic was proven for (int32 vs int64 per address).
 MAX_SIZES = {
@@ -109,6 +109,7 @@ def _msda_fwd_f16_m8_d32_l4_k4_kernel(
     POINTS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    POINT_STEP: tl.constexpr,
 ):
     # One program: BLOCK_Q consecutive queries of one (batch, head) pair, all levels and points.
     pid_q = tl.program_id(0)
@@ -131,27 +132,34 @@ def _msda_fwd_f16_m8_d32_l4_k4_kernel(
         height = tl.load(spatial_shapes_ptr + l * 2).to(tl.int32)
         width = tl.load(spatial_shapes_ptr + l * 2 + 1).to(tl.int32)
         level_start = tl.load(level_start_index_ptr + l).to(tl.int32)
-        for k in tl.static_range(POINTS):
-            # Sampling parameters, coalesced over the query block.
-            loc_x = tl.load(loc_base + k * 2 + l * 8, mask=q_mask, other=0.0).to(tl.float32)
-            loc_y = tl.load(loc_base + k * 2 + l * 8 + 1, mask=q_mask, other=0.0).to(tl.float32)
-            weight = tl.load(weight_base + k + l * 4, mask=q_mask, other=0.0).to(tl.float32)
-            lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
-                loc_x, loc_y, height, width
-            )
-            pixel00 = level_start + y0 * width + x0
-            pixel10 = pixel00 + width
+        # POINT_STEP points per step: all of them (unrolled) or one (a run-time loop), by size class
+        for k_first in tl.range(0, POINTS, POINT_STEP):
+            for k_step in tl.static_range(POINT_STEP):
+                k = k_first + k_step
+                # Sampling parameters, coalesced over the query block.
+                loc_x = tl.load(loc_base + k * 2 + l * 8, mask=q_mask, other=0.0).to(tl.float32)
+                loc_y = tl.load(loc_base + k * 2 + l * 8 + 1, mask=q_mask, other=0.0).to(tl.float32)
+                weight = tl.load(weight_base + k + l * 4, mask=q_mask, other=0.0).to(tl.float32)
+                lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
+                    loc_x, loc_y, height, width
+                )
+                pixel00 = level_start + y0 * width + x0
+                pixel10 = pixel00 + width
 
-            v00 = _bilinear_corner(value_base, pixel00, d, row_mask & (y0_in & x0_in)[:, None])
-            v01 = _bilinear_corner(value_base, pixel00 + 1, d, row_mask & (y0_in & x1_in)[:, None])
-            v10 = _bilinear_corner(value_base, pixel10, d, row_mask & (y1_in & x0_in)[:, None])
-            v11 = _bilinear_corner(value_base, pixel10 + 1, d, row_mask & (y1_in & x1_in)[:, None])
-            acc += (
-                v00 * (weight * (1.0 - lx) * (1.0 - ly))[:, None]
-                + v01 * (weight * lx * (1.0 - ly))[:, None]
-                + v10 * (weight * (1.0 - lx) * ly)[:, None]
-                + v11 * (weight * lx * ly)[:, None]
-            )
+                v00 = _bilinear_corner(value_base, pixel00, d, row_mask & (y0_in & x0_in)[:, None])
+                v01 = _bilinear_corner(
+                    value_base, pixel00 + 1, d, row_mask & (y0_in & x1_in)[:, None]
+                )
+                v10 = _bilinear_corner(value_base, pixel10, d, row_mask & (y1_in & x0_in)[:, None])
+                v11 = _bilinear_corner(
+                    value_base, pixel10 + 1, d, row_mask & (y1_in & x1_in)[:, None]
+                )
+                acc += (
+                    v00 * (weight * (1.0 - lx) * (1.0 - ly))[:, None]
+                    + v01 * (weight * lx * (1.0 - ly))[:, None]
+                    + v10 * (weight * (1.0 - lx) * ly)[:, None]
+                    + v11 * (weight * lx * ly)[:, None]
+                )
 
     # One coalesced tile store, cast to the output dtype at the very end.
     tl.store(
@@ -328,9 +336,11 @@ def _size_class(rows):
 
 def _launch(rows, backward):
     """(BLOCK_Q, launch options) of the size class a call with B*Q = rows falls into."""
-    # the fourth entry, points per step of the point loop, is fixed in the kernels
-    block_q, num_warps, num_stages, _ = _size_class(rows)[3 if backward else 2]
-    return block_q, dict(CONSTANTS, BLOCK_Q=block_q, num_warps=num_warps, num_stages=num_stages)
+    block_q, num_warps, num_stages, point_step = _size_class(rows)[3 if backward else 2]
+    launch = dict(CONSTANTS, BLOCK_Q=block_q, num_warps=num_warps, num_stages=num_stages)
+    if not backward:
+        launch["POINT_STEP"] = point_step  # the forward's point loop differs by size class
+    return block_q, launch
 
 
 def _free_op_name(forward, backward):

@@ -3,7 +3,7 @@
 # spec sha256:      95fd554bfee2e8ee3711cc8015ae80b886fd3a1a38f82980571285fd86a51e87
 # templates sha256: 6cb300d33170d1953ea4647f7f086174f6b9f4d2d6a57bb457d59fb09ea0d2b5
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    791982497461bb1b0e933df358b4efbb051ec6192891de659bed1db2dc7e8bae (msda.tuning.json, beside the spec)
+# tuning sha256:    97c33213f0dad4d2aee9bdb94a77ba29f716a88d302c8886fc9e7d8653cbc026 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867584 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 21474841360 (2^34.3) >= 2^31 at the declared maxima
