@@ -231,7 +231,8 @@ def table(shape: Shape, quick: bool, dists: tuple[str, ...] = ("uniform", "local
 def host_overhead(shape: Shape) -> None:
     """Host time per eager decoder bf16 forward (500 calls; the GPU keeps up, so the launch queue
     never fills), for ours without and with an input that needs a gradient, for the kernel
-    launched directly (Triton's own launch path: the floor for any Triton wrapper), and for peers."""
+    launched directly through Triton's JIT dispatch (which our wrapper skips after a call's first
+    launch), and for peers."""
     module = load_variant(shape, torch.bfloat16)
     value, shapes, start, loc, w = inputs(shape, 4, 300, torch.bfloat16, False)
     B, Q, S = value.shape[0], loc.shape[1], value.shape[1]

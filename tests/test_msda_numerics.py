@@ -184,3 +184,78 @@ def test_point_loop_unrolls_only_within_the_compile_time_budget():
     large = (ROOT / "generated" / "msda" / "msda_fwd_f64_m2_d128_l5_k8.py").read_text()
     assert detr.count("for k in tl.static_range(POINTS):") == 2 and "tl.range(" not in detr
     assert large.count("for k in tl.range(POINTS):") == 2 and "static_range(POINTS)" not in large
+
+
+class _CompiledStandIn:
+    """Triton's compiled-kernel contract, run by the interpreter: compiled[grid](*every argument
+    in parameter order, constexprs included), the launch options baked in at compile time."""
+
+    def __init__(self, kernel, launch):
+        self.kernel, self.options, self.launches = kernel, launch, 0
+
+    def __getitem__(self, grid):
+        def run(*args):
+            self.launches += 1
+            named = dict(zip(self.kernel.arg_names, args))
+            constexprs = {name: named.pop(name) for name in list(named) if name in self.options}
+            assert constexprs == {k: v for k, v in self.options.items() if k in self.kernel.arg_names}
+            self.kernel[grid](*named.values(), **self.options)
+
+        return run
+
+
+class _JitStandIn:
+    """A GPU JITFunction's launch (kernel[grid](...) returns the compiled kernel), counted."""
+
+    def __init__(self, kernel):
+        self.kernel, self.arg_names, self.compiled = kernel, kernel.arg_names, []
+
+    def __getitem__(self, grid):
+        def run(*args, **launch):
+            self.kernel[grid](*args, **launch)
+            self.compiled.append(_CompiledStandIn(self.kernel, launch))
+            return self.compiled[-1]
+
+        return run
+
+
+def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
+    """On the GPU a call whose specialization (schedule, device, dtype and 16-byte alignment of
+    every tensor) ran before launches the compiled kernel directly, its constexprs in parameter
+    order: a second call of other sizes reuses it and matches the reference; a misaligned tensor,
+    another dtype or the other direction compiles anew. Run here through the interpreter behind
+    the same contract."""
+    module = generated("f32", 32)
+    monkeypatch.setattr(module, "_INTERPRETED", False)
+    monkeypatch.setattr(module, "_COMPILED", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    forward = _JitStandIn(getattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel"))
+    monkeypatch.setattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel", forward)
+    levels = ((5, 11), (3, 6), (2, 2), (1, 3))
+    for batch, queries, seed in ((2, 37, 1), (1, 5, 2)):
+        x = make_inputs(Case(batch, queries, levels, (-0.2, 1.2), None), 8, 32, 4, torch.float32, "cpu", seed)
+        args = (x["value"], x["spatial_shapes"], derive_level_start_index(x["spatial_shapes"]), x["sampling_locations"], x["attention_weights"])
+        out = module._forward_impl(*args)
+        ref = msda_forward_grid_sample(*(a.double() if a.is_floating_point() else a for a in args))
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        assert ref.abs().max() > 0.1
+    assert len(forward.compiled) == 1 and forward.compiled[0].launches == 1
+
+    # The same call with value one float past a 16-byte boundary: a new specialization.
+    shifted = torch.empty(x["value"].numel() + 1)[1:].view_as(x["value"]).copy_(x["value"])
+    assert shifted.data_ptr() % 16 != 0
+    torch.testing.assert_close(module._forward_impl(shifted, *args[1:]), out, atol=0, rtol=0)
+    assert len(forward.compiled) == 2
+    # Pointers of another dtype (as grad_value's buffer differs by size class): a new one too.
+    as_double = [a.double() if a.is_floating_point() else a for a in args]
+    torch.testing.assert_close(module._forward_impl(*as_double), out.double(), atol=1e-5, rtol=1e-5)
+    assert len(forward.compiled) == 3
+
+    backward = _JitStandIn(getattr(module, "_msda_bwd_f32_m8_d32_l4_k4_kernel"))
+    monkeypatch.setattr(module, "_msda_bwd_f32_m8_d32_l4_k4_kernel", backward)
+    grad = torch.randn(out.shape)
+    first = module._backward_impl(grad, *args)
+    again = module._backward_impl(grad, *args)
+    assert len(backward.compiled) == 1 and backward.compiled[0].launches == 1
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
