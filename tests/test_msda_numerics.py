@@ -226,7 +226,8 @@ def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     another dtype or the other direction compiles anew. Run here through the interpreter behind
     the same contract."""
     module = generated("f32", 32)
-    monkeypatch.setattr(module, "_INTERPRETED", False)
+    assert not module._REUSE_COMPILED  # the interpreter (and AMD) always take Triton's dispatch
+    monkeypatch.setattr(module, "_REUSE_COMPILED", True)
     monkeypatch.setattr(module, "_COMPILED", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     forward = _JitStandIn(getattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel"))
