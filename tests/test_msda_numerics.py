@@ -230,7 +230,7 @@ def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     monkeypatch.setattr(module, "_REUSE_COMPILED", True)
     monkeypatch.setattr(module, "_COMPILED", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    forward = _JitStandIn(getattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel"))
+    forward = _JitStandIn(module._msda_fwd_f32_m8_d32_l4_k4_kernel)
     monkeypatch.setattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel", forward)
     levels = ((5, 11), (3, 6), (2, 2), (1, 3))
     for batch, queries, seed in ((2, 37, 1), (1, 5, 2)):
@@ -252,7 +252,7 @@ def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     torch.testing.assert_close(module._forward_impl(*as_double), out.double(), atol=1e-5, rtol=1e-5)
     assert len(forward.compiled) == 3
 
-    backward = _JitStandIn(getattr(module, "_msda_bwd_f32_m8_d32_l4_k4_kernel"))
+    backward = _JitStandIn(module._msda_bwd_f32_m8_d32_l4_k4_kernel)
     monkeypatch.setattr(module, "_msda_bwd_f32_m8_d32_l4_k4_kernel", backward)
     grad = torch.randn(out.shape)
     first = module._backward_impl(grad, *args)
