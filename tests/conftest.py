@@ -46,3 +46,39 @@ def project(tmp_path: Path) -> Path:
     for folder in ("specs", "templates", "generated"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     return tmp_path
+
+
+class CompiledStandIn:
+    """Triton's compiled-kernel contract, run by the interpreter: compiled[grid of three
+    dims](*every argument in parameter order, constexprs included), the launch options baked in
+    at compile time."""
+
+    def __init__(self, kernel, launch):
+        self.kernel, self.options, self.launches = kernel, launch, 0
+
+    def __getitem__(self, grid):
+        assert len(grid) == 3, grid  # unlike kernel[grid], no missing dims filled in
+
+        def run(*args):
+            self.launches += 1
+            named = dict(zip(self.kernel.arg_names, args))
+            constexprs = {name: named.pop(name) for name in list(named) if name in self.options}
+            assert constexprs == {k: v for k, v in self.options.items() if k in self.kernel.arg_names}
+            self.kernel[grid](*named.values(), **self.options)
+
+        return run
+
+
+class JitStandIn:
+    """A GPU JITFunction's launch (kernel[grid](...) returns the compiled kernel), counted."""
+
+    def __init__(self, kernel):
+        self.kernel, self.arg_names, self.compiled = kernel, kernel.arg_names, []
+
+    def __getitem__(self, grid):
+        def run(*args, **launch):
+            self.kernel[grid](*args, **launch)
+            self.compiled.append(CompiledStandIn(self.kernel, launch))
+            return self.compiled[-1]
+
+        return run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ROOT, load_module
+from conftest import ROOT, JitStandIn, load_module
 from kgen.reference.msda import derive_level_start_index, msda_forward_grid_sample
 from kgen.spec import load_spec
 from kgen.verify.msda import make_inputs
@@ -186,42 +186,9 @@ def test_point_loop_unrolls_only_within_the_compile_time_budget():
     assert large.count("for k in tl.range(POINTS):") == 2 and "static_range(POINTS)" not in large
 
 
-class _CompiledStandIn:
-    """Triton's compiled-kernel contract, run by the interpreter: compiled[grid](*every argument
-    in parameter order, constexprs included), the launch options baked in at compile time."""
-
-    def __init__(self, kernel, launch):
-        self.kernel, self.options, self.launches = kernel, launch, 0
-
-    def __getitem__(self, grid):
-        def run(*args):
-            self.launches += 1
-            named = dict(zip(self.kernel.arg_names, args))
-            constexprs = {name: named.pop(name) for name in list(named) if name in self.options}
-            assert constexprs == {k: v for k, v in self.options.items() if k in self.kernel.arg_names}
-            self.kernel[grid](*named.values(), **self.options)
-
-        return run
-
-
-class _JitStandIn:
-    """A GPU JITFunction's launch (kernel[grid](...) returns the compiled kernel), counted."""
-
-    def __init__(self, kernel):
-        self.kernel, self.arg_names, self.compiled = kernel, kernel.arg_names, []
-
-    def __getitem__(self, grid):
-        def run(*args, **launch):
-            self.kernel[grid](*args, **launch)
-            self.compiled.append(_CompiledStandIn(self.kernel, launch))
-            return self.compiled[-1]
-
-        return run
-
-
 def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     """On the GPU a call whose specialization (schedule, device, dtype and 16-byte alignment of
-    every tensor) ran before launches the compiled kernel directly, its constexprs in parameter
+    every tensor, class of each size) ran before launches the compiled kernel directly, its constexprs in parameter
     order: a second call of other sizes reuses it and matches the reference; a misaligned tensor,
     another dtype or the other direction compiles anew. Run here through the interpreter behind
     the same contract."""
@@ -230,7 +197,7 @@ def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     monkeypatch.setattr(module, "_REUSE_COMPILED", True)
     monkeypatch.setattr(module, "_COMPILED", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    forward = _JitStandIn(module._msda_fwd_f32_m8_d32_l4_k4_kernel)
+    forward = JitStandIn(module._msda_fwd_f32_m8_d32_l4_k4_kernel)
     monkeypatch.setattr(module, "_msda_fwd_f32_m8_d32_l4_k4_kernel", forward)
     levels = ((5, 11), (3, 6), (2, 2), (1, 3))
     for batch, queries, seed in ((2, 37, 1), (1, 5, 2)):
@@ -252,7 +219,7 @@ def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):
     torch.testing.assert_close(module._forward_impl(*as_double), out.double(), atol=1e-5, rtol=1e-5)
     assert len(forward.compiled) == 3
 
-    backward = _JitStandIn(module._msda_bwd_f32_m8_d32_l4_k4_kernel)
+    backward = JitStandIn(module._msda_bwd_f32_m8_d32_l4_k4_kernel)
     monkeypatch.setattr(module, "_msda_bwd_f32_m8_d32_l4_k4_kernel", backward)
     grad = torch.randn(out.shape)
     first = module._backward_impl(grad, *args)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, load_module
+from conftest import ROOT, JitStandIn, load_module
 from kgen.ops import tq_decode
 from kgen.reference import tq as ref
 from kgen.render import render
@@ -183,6 +183,63 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
     assert mod.decode_partitions(24, 6, 2, torch.device("cpu")) == (1, 4) and mod.partition_plan(24)[0] == 4
     results = verify_tq.check_decode(mod, SPEC, "cpu")
     assert not _failures(results), _failures(results)
+
+
+def _reusing_compiled(module, monkeypatch, *kernels):
+    """`module` as on an NVIDIA GPU, launches of `kernels` (names) counted by JitStandIn."""
+    assert not module._REUSE_COMPILED  # the interpreter (and AMD) always take Triton's dispatch
+    monkeypatch.setattr(module, "_REUSE_COMPILED", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    stand_ins = {name: JitStandIn(getattr(module, name)) for name in kernels}
+    for name, stand_in in stand_ins.items():
+        monkeypatch.setattr(module, name, stand_in)
+    return stand_ins.values()
+
+
+def test_repeat_decodes_launch_compiled_kernels_and_stay_correct(sources, monkeypatch):
+    """On the GPU the three launches of a decode step reuse the kernels compiled by an earlier
+    step of the same specialization (kv heads, partitions, dtype and alignment of each tensor,
+    class of each size): other sequence lengths, sequence counts and data run the compiled
+    kernels, correctly; other kv heads compile the decode and merge kernels anew. Run here through
+    the interpreter behind the same contract."""
+    name = "tq_decode_triton_d128_qg8_bs16"
+    mod = load_module(sources[name][0])
+    rotate, decode, merge = _reusing_compiled(
+        mod, monkeypatch, "_rotate_query_kernel", f"{name}_kernel", "_merge_partitions_kernel"
+    )
+    cases = (
+        verify_tq.DecodeCase("3 sequences, Hk 2", 3, 2, (17, 1, 300), 20),
+        verify_tq.DecodeCase("2 sequences, Hk 2, same table width", 2, 2, (5, 260), 20),
+        verify_tq.DecodeCase("2 sequences, Hk 1", 2, 1, (0, 200), 20),
+    )
+    for seed, case in enumerate(cases):
+        inputs = verify_tq.make_decode_inputs(case, mod.QG, mod.BS, mod.HEAD_DIM, "cpu", seed)
+        out = mod.tq_decode(**inputs)
+        result = verify_tq._compare_decode(case.label, out, inputs, case, mod.BS, SPEC.options.tolerance)
+        assert result["ok"], result
+    assert mod.decode_partitions(20, 3, 2, torch.device("cpu"))[0] > 1  # a real merge
+    assert [[c.launches for c in k.compiled] for k in (rotate, decode, merge)] == [[2], [1, 0], [1, 0]]
+
+
+def test_repeat_stores_launch_compiled_kernels_and_stay_correct(sources, monkeypatch):
+    """The store's compiled kernel serves later calls of its specialization (other token counts
+    and data); one token (Triton turns a 1 into a constant), norm correction, or k with a head
+    stride not a multiple of 16 compiles anew. Every call stores the reference's bytes."""
+    mod = load_module(sources["tq_store_d128_bs16"][0])
+    (store,) = _reusing_compiled(mod, monkeypatch, "tq_store_d128_bs16_kernel")
+    centroids, rotation = ref.lloyd_max_centroids(128), ref.hadamard_rotation(128)
+    gen = torch.Generator().manual_seed(3)
+    calls = ((5, False, 0), (7, False, 0), (1, False, 0), (6, True, 0), (4, False, 8))
+    for num_tokens, norm_correction, pad in calls:
+        k = torch.randn(num_tokens, 2, 128 + pad, generator=gen)[:, :, :128]  # pad 8: k's heads 136 floats apart
+        v = torch.randn(num_tokens, 2, 128, generator=gen)
+        slots = torch.randperm(4 * 16, generator=gen)[:num_tokens]
+        cache = torch.zeros(4, mod.cache_block_bytes(2), dtype=torch.uint8)
+        want = cache.clone()
+        mod.tq_store(cache, k, v, slots, centroids, rotation, norm_correction)
+        ref.store(want, k, v, slots, block_size=16, centroids=centroids, rotation=rotation, norm_correction=norm_correction)
+        assert torch.equal(cache, want), (num_tokens, norm_correction, pad)
+    assert [c.launches for c in store.compiled] == [1, 0, 0, 0]
 
 
 def test_merge_with_empty_partitions_and_odd_partition_counts(modules):
