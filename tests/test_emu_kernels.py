@@ -63,7 +63,7 @@ def _planted(tmp_path, pattern, replacement):
 @pytest.mark.parametrize("what, pattern, replacement", PLANTED, ids=[p[0] for p in PLANTED])
 def test_the_emulator_catches_a_planted_bug(tmp_path, spec, what, pattern, replacement):
     path = _planted(tmp_path, pattern, replacement)
-    results = tq.check_emulated(path, spec, "cpu", cases=tq.decode_cases(spec, 0, "cpu", extra_cases=False))
+    results = tq.check_emulated(path, spec, "cpu", cases=tq.decode_cases(spec, None, "cpu", extra_cases=False))
     # far outside the tolerance, not a rounding-level miss
     assert any(not r["ok"] and r["max_abs"] > 10 * spec.options.tolerance.atol for r in results), _report(results)
 
@@ -73,7 +73,7 @@ def test_the_empty_partition_contract_is_checked(tmp_path, spec):
     anyway (its exp_sum is 0), so only the contract check sees this bug."""
     path = _planted(tmp_path, r"m_out = has_tok\.select\(m_run \* LN2, fx\.Float32\(float\(\"-inf\"\)\)\)",
                     "m_out = m_run * LN2")
-    results = tq.check_emulated(path, spec, "cpu", cases=tq.decode_cases(spec, 0, "cpu", extra_cases=False))
+    results = tq.check_emulated(path, spec, "cpu", cases=tq.decode_cases(spec, None, "cpu", extra_cases=False))
     assert [r["ok"] for r in results] == [False] and "empty partition rows" in results[0]["detail"], _report(results)
 
 

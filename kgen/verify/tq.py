@@ -62,7 +62,9 @@ def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
 # ---- decode -----------------------------------------------------------------------------------
 
 
-def decode_cases(spec, bs: int, device: str, extra_cases: bool = True) -> list[DecodeCase]:
+def decode_cases(spec, module, device: str, extra_cases: bool = True) -> list[DecodeCase]:
+    """The spec's cases; with extra_cases, the generated `module`'s long case and (on the GPU) the
+    H200 matrix."""
     cases = [
         DecodeCase(f"num_seqs={c.num_seqs} Hk={c.kv_heads} seq_lens={list(c.seq_lens)} max_blocks={c.max_blocks}",
                    c.num_seqs, c.kv_heads, tuple(c.seq_lens), c.max_blocks)
@@ -70,9 +72,9 @@ def decode_cases(spec, bs: int, device: str, extra_cases: bool = True) -> list[D
     ]
     if not extra_cases:
         return cases
-    # More partitions than MAX_PARTITIONS (two tile groups per partition), several tiles per
-    # partition, and the upstream tables: unsorted centroids, identity rotation, explicit scale.
-    long = (8500, 700)
+    # More tile groups than MAX_PARTITIONS (so two per partition), several tiles per partition,
+    # and the upstream tables: unsorted centroids, identity rotation, explicit scale.
+    long = ((module.MAX_PARTITIONS + 1) * module.GROUP + 52, 700)
     cases.append(DecodeCase(f"seq_lens={list(long)} Hk=1, unsorted centroids, identity rotation, scale 0.05",
                             len(long), 1, long, None, unsorted_identity=True, softmax_scale=0.05))
     if device == "cuda":  # the H200 matrix: num_seqs x seq_len at Hk=8
@@ -126,7 +128,7 @@ def check_decode(module, spec, device: str, extra_cases: bool = True) -> list[di
     tol = spec.options.tolerance
     qg, bs, d = module.QG, module.BS, module.HEAD_DIM
     results = []
-    for i, case in enumerate(decode_cases(spec, bs, device, extra_cases)):
+    for i, case in enumerate(decode_cases(spec, module, device, extra_cases)):
         inputs = make_decode_inputs(case, qg, bs, d, device, seed=2000 + i)
         out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
         results.append(_compare_decode(case.label, out, inputs, case, bs, tol))
@@ -157,7 +159,7 @@ def emulated_cases(spec, module) -> list[DecodeCase]:
     groups, so each partition loops over two of them (the kernel's loop-carried state; the
     spec's small tables give one group per partition). Its long sequence ends inside partition 1
     and most partitions are empty, which keeps the emulator's work small."""
-    cases = decode_cases(spec, module.BS, "cpu", extra_cases=False)
+    cases = decode_cases(spec, module, "cpu", extra_cases=False)
     width = -(-(module.MAX_PARTITIONS + 1) * module.GROUP // module.BS)
     partitions, groups = module.partition_plan(width)
     lens = (2 * module.GROUP + 19, 2)
