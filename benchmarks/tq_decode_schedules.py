@@ -27,7 +27,7 @@ from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-DEFAULT_SCHEDULES = "128:4:2:128,128:4:2:0,128:4:3:128,128:4:3:0,64:4:2:128,64:4:2:0,128:8:2:128"
+DEFAULT_SCHEDULES = "128:4:1:128,128:4:1:0,128:4:2:128,128:4:2:0,64:4:1:128,128:8:1:128"
 
 
 def main() -> None:
@@ -59,14 +59,17 @@ def main() -> None:
         for tile, warps, stages, regs in schedules:
             options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": regs} if regs else {}))
 
+            # The chunked form (QG <= 8) takes its padded heads and one chunk per warp; the other, padded rows.
+            heads = dict(Q_COLS=dec.Q_COLS, CHUNKS=warps) if hasattr(dec, "Q_COLS") else dict(Q_ROWS=dec.Q_ROWS)
+
             def run():
                 return kernel[(num_seqs, HK, parts)](
                     q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, max_logits, nb, groups,
                     dec.LOG2E / math.sqrt(d), NUM_KV_HEADS=HK, NUM_PARTITIONS=parts, QG=qg, BS=bs,
-                    N_CENTROIDS=dec.N_CENTROIDS, Q_ROWS=dec.Q_ROWS, PAIRS=dec.PAIRS, NIBBLE_BITS=dec.NIBBLE_BITS,
+                    N_CENTROIDS=dec.N_CENTROIDS, PAIRS=dec.PAIRS, NIBBLE_BITS=dec.NIBBLE_BITS,
                     NIBBLE_MASK=dec.NIBBLE_MASK, GROUP=dec.GROUP, TILE_TOKENS=tile, LN2=dec.LN2,
                     FP16_1024_BITS=dec.FP16_1024_BITS, V_LEVEL_MID=dec.V_LEVEL_MID, V_LEVEL_OFFSET=dec.V_LEVEL_OFFSET,
-                    PTX_UNPACK=dec.PTX_UNPACK, INTERPRETER_FIXUPS=False, **options)
+                    PTX_UNPACK=dec.PTX_UNPACK, INTERPRETER_FIXUPS=False, **heads, **options)
 
             name = f"tile {tile:3d} warps {warps} stages {stages} maxnreg {regs or '-':>3}"
             try:

@@ -1,11 +1,13 @@
 """The PTX of the Triton TQ decode's nibble unpacking, run exhaustively on a model of its instructions.
 
 Compiled for NVIDIA, the generated decode unpacks K nibbles into bf16 codebook entries and V
-nibbles into fp16 levels with inline PTX (_unpack_k, _unpack_v); the interpreter runs the plain
-Triton arm instead, so CI's numerics never execute the PTX. Here the asm text of the generated
-module is parsed and every instruction it uses is modelled on numpy arrays (one lane per input),
-so all 65536 packed byte pairs go through the exact text that ships, against the codebook and
-the level arithmetic. The H200 runs it for real (benchmarks/RESULTS.md).
+nibbles into fp16 levels with inline PTX (_unpack_k, _unpack_v), a word of 4 packed bytes per
+call; the interpreter runs the plain Triton arm instead, so CI's numerics never execute the PTX.
+Here the asm text of the generated module is parsed and every instruction it uses is modelled on
+numpy arrays (one lane per input word). The two halves of a word take separate paths, so each
+half runs through all 65536 packed byte pairs (the other half a permutation of them), through the
+exact text that ships, against the codebook and the level arithmetic. The H200 runs it for real
+(benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from conftest import ROOT
 from kgen.reference import tq as ref
 
 DECODE = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
-ALL_PAIRS = np.arange(1 << 16, dtype=np.uint32)  # two packed bytes per lane: b0 | b1 << 8
+ALL_PAIRS = np.arange(1 << 16, dtype=np.uint32)  # two packed bytes: b0 | b1 << 8
+# One word of 4 packed bytes per lane: every pair in the low half, a permutation of them in the high half.
+WORDS = ALL_PAIRS | np.random.default_rng(1).permutation(ALL_PAIRS) << 16
 
 
 def _inline_asm(source: str, function: str) -> tuple[str, str, int]:
@@ -69,6 +73,7 @@ def _f16x2(op, *regs):
 OPS = {
     "and.b32": lambda a, b: a & b,
     "shl.b32": lambda a, b: (a << b) & 0xFFFFFFFF,
+    "shr.b32": lambda a, b: a >> b,
     "mov.b32": lambda a: a,
     "prmt.b32": _prmt,
     "lop3.b32": lambda a, b, c, lut: _lop3(a, b, c, int(lut[0])),
@@ -88,7 +93,7 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if opcode not in OPS:
             raise AssertionError(f"instruction outside the model: {opcode} (extend OPS or the test)")
         dest, *args = [a.strip() for a in rest.split(",")]
-        values = [regs[a] if a in regs else np.full_like(ALL_PAIRS, int(a, 0)) for a in args]
+        values = [regs[a] if a in regs else np.full_like(WORDS, int(a, 0)) for a in args]
         regs[dest] = OPS[opcode](*values).astype(np.uint32)
     return regs
 
@@ -96,7 +101,7 @@ def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _table_operands(constraints: str, pack: int, words: list[int], first: int) -> dict[str, np.ndarray]:
     """Each 32-bit argument appears `pack` times in the operand list, from $first on."""
     assert constraints.count("r") - constraints.count("=r") == 1 + pack * len(words)
-    return {f"${first + pack * i + j}": np.full_like(ALL_PAIRS, w) for i, w in enumerate(words) for j in range(pack)}
+    return {f"${first + pack * i + j}": np.full_like(WORDS, w) for i, w in enumerate(words) for j in range(pack)}
 
 
 def _codebook_words(codebook: np.ndarray) -> list[int]:
@@ -106,24 +111,37 @@ def _codebook_words(codebook: np.ndarray) -> list[int]:
     return [int(w) for w in planes.view("<u4")]
 
 
+def _halves():
+    """(bytes 0 and 1, bytes 2 and 3) of every lane's word."""
+    return [((WORDS >> shift) & 0xFF, (WORDS >> (shift + 8)) & 0xFF) for shift in (0, 16)]
+
+
 def check_unpack_k(asm, constraints, pack, codebook):
-    out = run_ptx(asm, {"$2": ALL_PAIRS, **_table_operands(constraints, pack, _codebook_words(codebook), 3)})
+    """Outputs: $0, $1 the low nibbles' entries of bytes (0, 1) and (2, 3); $2, $3 the high nibbles'
+    (an output the text never writes fails)."""
+    out = run_ptx(asm, {"$4": WORDS, **_table_operands(constraints, pack, _codebook_words(codebook), 5)})
     bits = (codebook.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
-    b0, b1 = ALL_PAIRS & 0xFF, ALL_PAIRS >> 8
-    low = bits[b0 & 15] | bits[b1 & 15] << 16  # element 2j of both bytes' records
-    high = bits[b0 >> 4] | bits[b1 >> 4] << 16
-    return np.array_equal(out["$0"], low) and np.array_equal(out["$1"], high)
+    ok = True
+    for half, (b0, b1) in enumerate(_halves()):
+        low = bits[b0 & 15] | bits[b1 & 15] << 16  # element 2j of both bytes' records
+        high = bits[b0 >> 4] | bits[b1 >> 4] << 16
+        ok &= np.array_equal(out.get(f"${half}"), low) and np.array_equal(out.get(f"${half + 2}"), high)
+    return ok
 
 
 def check_unpack_v(asm, mid):
-    out = run_ptx(asm, {"$2": ALL_PAIRS})
-    b0, b1 = ALL_PAIRS & 0xFF, ALL_PAIRS >> 8
+    """Outputs as check_unpack_k's, fp16 levels n - mid."""
+    out = run_ptx(asm, {"$4": WORDS})
 
     def levels(n0, n1):
         f = lambda n: (n.astype(np.float64) - mid).astype(np.float16).view(np.uint16).astype(np.uint32)  # noqa: E731
         return f(n0) | f(n1) << 16
 
-    return np.array_equal(out["$0"], levels(b0 & 15, b1 & 15)) and np.array_equal(out["$1"], levels(b0 >> 4, b1 >> 4))
+    ok = True
+    for half, (b0, b1) in enumerate(_halves()):
+        ok &= np.array_equal(out.get(f"${half}"), levels(b0 & 15, b1 & 15))
+        ok &= np.array_equal(out.get(f"${half + 2}"), levels(b0 >> 4, b1 >> 4))
+    return ok
 
 
 def _codebooks():
@@ -148,7 +166,7 @@ def source():
 @pytest.mark.parametrize("name,codebook", _codebooks(), ids=lambda x: x if isinstance(x, str) else "")
 def test_k_unpack_looks_up_every_nibble_pair(source, name, codebook):
     asm, constraints, pack = _inline_asm(source, "_unpack_k")
-    assert pack == 2
+    assert pack == 4
     assert check_unpack_k(asm, constraints, pack, codebook), name
 
 
@@ -158,7 +176,7 @@ def _v_level_mid(source: str) -> int:
 
 def test_v_unpack_gives_every_centred_level(source):
     asm, constraints, pack = _inline_asm(source, "_unpack_v")
-    assert (constraints, pack) == ("=r,=r,r", 2)
+    assert (constraints, pack) == ("=r,=r,=r,=r,r", 4)
     assert _v_level_mid(source) == 8
     assert check_unpack_v(asm, mid=_v_level_mid(source))
 
@@ -169,14 +187,18 @@ def test_v_unpack_gives_every_centred_level(source):
         ("_unpack_k", "0x6240", "0x6420"),  # entries of the wrong nibbles
         ("_unpack_k", "0x7777", "0xFFFF"),  # top bits left in the selectors: sign-replicated bytes
         ("_unpack_k", "lop3.b32 low, a, b, upper, 0xD8", "lop3.b32 low, a, b, upper, 0xE4"),  # halves swapped
+        ("_unpack_k", "shr.b32 word, $4, 16", "shr.b32 word, $4, 8"),  # the second half from the wrong bytes
+        ("_unpack_k", "prmt.b32 $3, low, high, 0x7351", "prmt.b32 $2, low, high, 0x7351"),  # an output written twice
         ("_unpack_v", "0xFFF0FFF0", "0xFFF8FFF8"),  # part of the low nibble kept in the high level
-        ("_unpack_v", "sub.f16x2 t, whole, k", "sub.f16x2 t, k, whole"),
+        ("_unpack_v", "sub.f16x2 t, whole, low_offset", "sub.f16x2 t, low_offset, whole"),
+        ("_unpack_v", "exponent, 0x4342", "exponent, 0x4140"),  # bytes 2 and 3 never read
     ],
 )
 def test_planted_ptx_bugs_fail(source, function, old, new):
+    """Each planted bug, in one place (the first where the text occurs twice), fails the check."""
     asm, constraints, pack = _inline_asm(source, function)
-    assert asm.count(old) == 1, old
-    bad = asm.replace(old, new)
+    assert asm.count(old) >= 1, old
+    bad = asm.replace(old, new, 1)
     codebook = _codebooks()[2][1]
     ok = check_unpack_k(bad, constraints, pack, codebook) if function == "_unpack_k" else check_unpack_v(bad, mid=_v_level_mid(source))
     assert not ok

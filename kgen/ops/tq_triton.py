@@ -1,8 +1,11 @@
 """Triton part of the TQ lowering: the decode and store kernels' own numbers and addresses.
 
-The Triton decode keeps the QG query heads of one kv head together as one padded matrix of
-Q_ROWS rows and streams the kv head's cache once per partition, in tiles of TILE_TOKENS tokens,
-loading each token's packed K (and V) bytes token-major so the loads are coalesced.
+The Triton decode keeps the QG query heads of one kv head together and streams the kv head's
+cache once per partition, in tiles of TILE_TOKENS tokens, loading each token's packed K (and V)
+bytes token-major so the loads are coalesced. Up to 8 query heads, each warp owns a chunk of
+every tile with its own softmax state and the MMAs are transposed (tokens as M, the heads as N,
+padded to Q_COLS = 8); more heads share one softmax state over the tile as a padded matrix of
+Q_ROWS rows (the chunked form's accumulators would not fit the register budget).
 Packed bytes are never interleaved: byte j of a 4-bit field holds elements 2j and 2j+1, so the
 kernels work on the even and odd halves of head_dim separately (q_even . C[lo] + q_odd . C[hi]).
 
@@ -35,6 +38,14 @@ TILE_TOKENS_TARGET = 128  # tokens per inner-loop tile (QK's N, PV's K)
 TILE_PACKED_BYTES = 128 * 128
 DECODE_WARPS = 4  # warps per program
 DECODE_STAGES = 2  # software-pipeline depth of the tile loop's cache loads (3: 493 us against 479 at d128)
+# The chunked form (one softmax state per warp, transposed MMAs; benchmarks/RESULTS.md, session
+# 13) against the shared-tile form, decode kernel alone, H200, Hk 8 (tq_chunked_ab_s13_h200.log):
+# 16 x 32K 1.18-1.19x at d128 QG 4-8, 1.12x at d64, 1.11x at d256; 1 x 1K 0.96-1.09x. At QG 16
+# (N = 16) its accumulators spill: 0.70x capped, 0.80x uncapped. With two pipeline stages it
+# spills too (835 against 425 us at d128 16 x 32K), so it runs one.
+CHUNKED_MAX_QG = 8
+CHUNKED_MIN_N = 8  # the query heads are padded to at least mma.sync's N of 8
+CHUNKED_STAGES = 1
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
 # values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
 # 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
@@ -73,7 +84,8 @@ def lower_kernel(ctx):
     c = ctx.consts
     d, qg, bs, group = c["HEAD_DIM"], c["QG"], c["BS"], c["GROUP"]
     per_byte, pairs = _packing(ctx)
-    q_rows = max(MIN_DOT, 1 << (qg - 1).bit_length())
+    chunked = qg <= CHUNKED_MAX_QG
+    q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     if pairs < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
     tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
@@ -81,14 +93,16 @@ def lower_kernel(ctx):
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
     max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     consts = {
-        "Q_ROWS": q_rows,  # QG query heads padded to a power of two >= tl.dot's 16 rows
+        "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
+        # QG query heads padded to a power of two: the MMAs' N when chunked, else >= tl.dot's 16 rows
+        ("Q_COLS" if chunked else "Q_ROWS"): q_rows,
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
         "V_LEVEL_MID": 1 << (ctx.spec.options.quant.value_bits - 1),  # the middle V level, subtracted before PV
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
-        "NUM_STAGES": DECODE_STAGES,  # pipeline depth of the tile loop
+        "NUM_STAGES": CHUNKED_STAGES if chunked else DECODE_STAGES,  # pipeline depth of the tile loop
         # registers per thread, so that 4 programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
@@ -105,7 +119,7 @@ def lower_kernel(ctx):
     max_tokens = ctx.ranges[S["max_blocks"]].hi * bs
     ranges = {
         **ctx.ranges,
-        row: Range(0, q_rows - 1, "query row of the padded matrix (rows >= QG are padding)"),
+        row: Range(0, q_rows - 1, "query head of the padded matrix (heads >= QG are padding)"),
         pair: Range(0, pairs - 1, "byte of a packed record = element pair of head_dim"),
         token: Range(0, max_tokens + tile - 1, "token of the sequence; masked lanes of the last tile included"),
     }
@@ -114,28 +128,45 @@ def lower_kernel(ctx):
     out = _Printer(ranges, names, constexprs)
     off = ctx.offsets
     even, odd = {e: per_byte * pair}, {e: per_byte * pair + 1}  # low nibble: element 2j, high: 2j+1
-    matrix = {row: "row[:, None]", pair: "pair[None, :]"}
+    if chunked:  # q^T as [1, PAIRS, Q_COLS]; out^T as [PAIRS, Q_COLS]
+        query_matrix = {row: "col[None, None, :]", pair: "pair[None, :, None]"}
+        out_matrix, head = {row: "col[None, :]", pair: "pair[:, None]"}, {row: "col"}
+    else:
+        query_matrix = out_matrix = {row: "row[:, None]", pair: "pair[None, :]"}
+        head = {}
     printed = {
         "query_base": out("query_base", off["query_base"]),
-        "query_even": out("query_row", off["query_row"].subs(even), matrix),
-        "query_odd": out("query_row", off["query_row"].subs(odd), matrix),
+        "query_even": out("query_row", off["query_row"].subs(even), query_matrix),
+        "query_odd": out("query_row", off["query_row"].subs(odd), query_matrix),
         "block_table_base": out("block_table_base", off["block_table_base"]),
         "table_index": out("table_index", FloorDiv(token, bs)),
         "slot": out("slot", Mod(token, bs)),
         **_cache_fields(out, off),
         "out_parts_base": out("out_parts_base", off["out_parts_base"]),
-        "out_even": out("out_parts_row", off["out_parts_row"].subs(even), matrix),
-        "out_odd": out("out_parts_row", off["out_parts_row"].subs(odd), matrix),
+        "out_even": out("out_parts_row", off["out_parts_row"].subs(even), out_matrix),
+        "out_odd": out("out_parts_row", off["out_parts_row"].subs(odd), out_matrix),
         "partials_base": out("partials_base", off["partials_base"]),
-        "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row)),
+        "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row), head),
     }
     p = printed
+    chunk = tile // DECODE_WARPS
+    program = (
+        f"program (seq, kv_head, part): the QG={qg} query heads of kv_head, padded to {q_rows} columns (the MMAs' N), over tiles of {tile} tokens ({pairs * tile} packed bytes),"
+        f" each warp a chunk of {chunk} tokens with its own softmax state"
+        if chunked
+        else f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)"
+    )
+    mma = (
+        f"QK: K . q_even^T + K . q_odd^T per chunk (batched tl.dot, [{chunk} x {pairs}] . [{pairs} x {q_rows}]); PV: V^T . P'^T into [{pairs} x {q_rows}] fp32 accumulators per chunk, merged after the loop"
+        if chunked
+        else f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators"
+    )
     mapping = (
-        f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)",
+        program,
         f"K, V: a [{tile} tokens x {pairs} B] tile, token-major: token t's byte `pair` at block base + ({p['k']}) + pair (V: + ({p['v']}) + pair),"
         f" holding elements {per_byte}*pair (low nibble) and {per_byte}*pair+1 (high nibble)",
         f"metadata: one fp16 per token and field at block base + ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
-        f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators",
+        mma,
     )
     return KernelPart(consts=consts, proofs=(), printed=printed, mapping=mapping)
 
