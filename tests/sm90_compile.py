@@ -1,0 +1,101 @@
+"""Compile generated Triton TQ decode kernels for sm_90 without a GPU: `python tests/sm90_compile.py PATH...`.
+
+Run in a process without TRITON_INTERPRET (the kernels must be JIT functions). Each module's
+launch functions are called with small CPU tensors while `_run` is replaced by a recorder, so
+the kernels get exactly the compile-time constants and launch options the module would use;
+each recorded kernel is then compiled by Triton's own NVIDIA backend (its bundled ptxas
+assembles the inline PTX) and its resource use read from the cubin. Prints one JSON line per
+kernel after MARK (Triton prints a failing kernel's PTX to stdout): module, kernel, ok, registers,
+stack bytes (spills), the register cap asked for, error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+MARK = "kgen-sm90: "
+
+
+def load(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record_launches(module) -> list[tuple]:
+    """(kernel, run-time args, options) of every launch one small decode makes."""
+    launches = []
+    module._run = lambda kernel, grid, args, variant, options: launches.append((kernel, args, options()))
+    d, qg, hk, num_seqs, max_blocks = module.HEAD_DIM, module.QG, 2, 2, 4
+    query = torch.zeros(num_seqs, hk * qg, d, dtype=torch.bfloat16)
+    rotation, centroids = torch.eye(d), torch.zeros(module.N_CENTROIDS)
+    q_rot, codebook = module.rotate_query(query, rotation, centroids)
+    parts = 2
+    out_parts = torch.zeros(num_seqs, hk, parts, qg, d, dtype=torch.bfloat16)
+    exp_sums = torch.zeros(num_seqs, hk, parts, qg)
+    cache = torch.zeros(8, module.cache_block_bytes(hk), dtype=torch.uint8)
+    table = torch.zeros(num_seqs, max_blocks, dtype=torch.int32)
+    seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
+    module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), 1, 0.1)
+    module.merge_partitions(out_parts, exp_sums, exp_sums.clone(), torch.zeros_like(query))
+    return launches
+
+
+def compile_launch(kernel, args, options) -> dict:
+    names = kernel.arg_names
+    constexprs = {k: v for k, v in options.items() if k not in LAUNCH_OPTIONS}
+    signature, attrs = {}, {}
+    runtime = iter(args)
+    for i, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        value = next(runtime)
+        if isinstance(value, torch.Tensor):
+            signature[name] = POINTER_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if isinstance(value, float) else "i32"
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    launch = {k: options[k] for k in LAUNCH_OPTIONS if k in options}
+    compiled = triton.compile(source, target=TARGET, options=launch)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "maxnreg": launch.get("maxnreg")}
+
+
+def main() -> None:
+    for path in map(Path, sys.argv[1:]):
+        name = path.stem
+        module = load(path)
+        for kernel, args, options in record_launches(module):
+            record = {"module": name, "kernel": kernel.__name__}
+            try:
+                record.update(ok=True, **compile_launch(kernel, args, options))
+            except Exception as e:  # reported with the kernel's name; the test fails on it
+                record.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+            print(MARK + json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()
