@@ -66,6 +66,13 @@ def test_head_dim_shapes_the_derived_numbers(sources):
             assert c["TILE_TOKENS"] == 128 and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
             # the register cap up to d128's tile of packed bytes (d256 spills under it)
             assert c["MAX_REGISTERS"] == {64: 128, 128: 128, 256: None}[d]
+            # one softmax state per warp up to 8 query heads, each warp's chunk at least tl.dot's K of 16
+            assert c["CHUNKED"] == (c["QG"] <= 8)
+            if c["CHUNKED"]:
+                assert c["Q_COLS"] == 8 and c["CHUNKS"] == c["NUM_WARPS"] and c["TILE_TOKENS"] // c["CHUNKS"] >= 16
+                assert c["NUM_STAGES"] == 1 and "Q_ROWS" not in c
+            else:
+                assert c["Q_ROWS"] == 16 and c["NUM_STAGES"] == 2 and "Q_COLS" not in c
         else:
             assert (c["ROT_COLS"], c["COL_BLOCKS"]) == {64: (32, 1), 128: (64, 1), 256: (32, 4)}[d]
         text = sources[name][1]

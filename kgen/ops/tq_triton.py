@@ -84,18 +84,21 @@ def lower_kernel(ctx):
     c = ctx.consts
     d, qg, bs, group = c["HEAD_DIM"], c["QG"], c["BS"], c["GROUP"]
     per_byte, pairs = _packing(ctx)
-    chunked = qg <= CHUNKED_MAX_QG
-    q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     if pairs < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
     tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
     if tile < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
     max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
+    # A warp's chunk is PV's K, so it must reach tl.dot's minimum K (head dims past 256 take shorter tiles).
+    chunk = tile // DECODE_WARPS
+    chunked = qg <= CHUNKED_MAX_QG and chunk >= MIN_DOT
+    q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     consts = {
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
         # QG query heads padded to a power of two: the MMAs' N when chunked, else >= tl.dot's 16 rows
         ("Q_COLS" if chunked else "Q_ROWS"): q_rows,
+        **({"CHUNKS": DECODE_WARPS} if chunked else {}),  # token chunks of a tile: one per warp
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
@@ -149,7 +152,6 @@ def lower_kernel(ctx):
         "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row), head),
     }
     p = printed
-    chunk = tile // DECODE_WARPS
     program = (
         f"program (seq, kv_head, part): the QG={qg} query heads of kv_head, padded to {q_rows} columns (the MMAs' N), over tiles of {tile} tokens ({pairs * tile} packed bytes),"
         f" each warp a chunk of {chunk} tokens with its own softmax state"
