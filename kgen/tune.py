@@ -340,9 +340,11 @@ class Timed:
     why: str = ""
 
 
-def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, directory: Path, sizes=None, log=None) -> dict[tuple[str, str], list[Timed]]:
-    """Time every candidate schedule of one variant at each size class, forward and backward.
-    Returns (size class, direction) -> timings, fastest first, refused candidates last.
+def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, directory: Path, sizes=None, log=None,
+                 directions: tuple[str, ...] = DIRECTIONS) -> dict[tuple[str, str], list[Timed]]:
+    """Time every candidate schedule of one variant at each size class, in each of `directions`
+    (forward, backward). Returns (size class, direction) -> timings, fastest first, refused
+    candidates last.
 
     Each candidate is rendered in memory into a module of its own (the variant with that one
     schedule), loaded, checked against the reference at the class's size, then timed. `sizes`
@@ -357,7 +359,7 @@ def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, direct
         module = render_module(spec, variant, launch, root, directory)
         for size_class in spec.options.tune.classes:
             work = op.tune_workload(module, spec, variant, cases[size_class.case], device)
-            for direction in DIRECTIONS:
+            for direction in directions:
                 timed = _time_one(work, direction, launch, timer)
                 results.setdefault((size_class.name, direction), []).append(timed)
                 shown = f"{timed.us:.1f} us" if timed.us is not None else f"refused: {timed.why}"
@@ -423,9 +425,10 @@ def tuned_variants(spec, only: list[str] | None) -> list:
 
 
 def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> int:
-    """`kgen tune SPEC... [--only GLOB]... [--missing]`. Exit 2 without a CUDA GPU, or for a spec
-    without a tune section. The tuning file is rewritten after each variant, so an interrupted
-    run keeps what it measured (resume with --missing) and a long run can be split with --only.
+    """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward]`. Exit 2
+    without a CUDA GPU, or for a spec without a tune section. The tuning file is rewritten after
+    each variant, so an interrupted run keeps what it measured (resume with --missing) and a long
+    run can be split with --only; --direction retimes one kernel and keeps the other's entries.
     (timer, device and sizes: for tests, which run the whole path on CPU under the interpreter.)"""
     from kgen.emit import write_atomic
     from kgen.generate import load_all
@@ -459,7 +462,8 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
         print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, on {tuned_on['device']}", flush=True)
         with tempfile.TemporaryDirectory(prefix="kgen-tune-") as tmp:
             for variant in chosen:
-                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes)
+                directions = (args.direction,) if getattr(args, "direction", None) else DIRECTIONS
+                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes, directions=directions)
                 best = winners(spec, variant, results)
                 entries.update(best)
                 for (_, size_class, direction), entry in best.items():

@@ -182,8 +182,10 @@ def test_point_loop_unrolls_only_within_the_compile_time_budget():
     over 5, unfinished); such variants loop over points at run time, the small ones stay unrolled."""
     detr = (ROOT / "generated" / "msda" / "msda_fwd_f32_m8_d32_l4_k4.py").read_text()
     large = (ROOT / "generated" / "msda" / "msda_fwd_f64_m2_d128_l5_k8.py").read_text()
-    assert detr.count("for k in tl.static_range(POINTS):") == 2 and "tl.range(" not in detr
-    assert large.count("for k in tl.range(POINTS):") == 2 and "static_range(POINTS)" not in large
+    assert detr.count("for k in tl.static_range(POINTS):") == 1 and "tl.range(" not in detr
+    assert "for s_first in tl.static_range(0, LEVELS * POINTS, SAMPLE_STEP):" in detr
+    assert large.count("for k in tl.range(POINTS):") == 1 and "static_range(POINTS)" not in large and "static_range(0," not in large
+    assert "for s_first in tl.range(0, LEVELS * POINTS, SAMPLE_STEP):" in large
 
 
 def test_repeat_launches_skip_triton_dispatch_and_stay_correct(monkeypatch):

@@ -166,13 +166,14 @@ def test_generation_takes_tuned_schedules_per_class_and_hashes_the_file(tmp_path
     spec = _tuned_spec(tmp_path)
     outputs = {o.variant: o.text for o in generate(spec, ROOT)}
     text = outputs[SMALL]
-    assert '# decoder: forward tuned on NVIDIA H200; grad_value: native\n    ("decoder", 8192, (16, 2, 1, 4), (32, 4, 1, 4), torch.float32),' in text
-    assert '# encoder: forward and backward tuned on NVIDIA H200; grad_value: native\n    ("encoder", None, (64, 8, 1, 4), (16, 4, 1, 4), torch.float32),' in text
+    # Backward: (BLOCK_Q, warps, stages, SAMPLE_STEP within 16 values per thread, L*K samples per trip).
+    assert '# decoder: forward tuned on NVIDIA H200; grad_value: native\n    ("decoder", 8192, (16, 2, 1, 4), (32, 4, 1, 2, 12), torch.float32),' in text
+    assert '# encoder: forward and backward tuned on NVIDIA H200; grad_value: native\n    ("encoder", None, (64, 8, 1, 4), (16, 4, 1, 4, 12), torch.float32),' in text
     sha = [line for line in text.splitlines() if line.startswith("# tuning sha256:")]
     assert len(sha) == 1 and "(msda.tuning.json, beside the spec)" in sha[0] and "none" not in sha[0]
     other = outputs["msda_fwd_f32_m8_d32_l4_k4"]
     assert sha[0] in other  # every variant's header carries the file's hash
-    assert '# decoder: spec defaults (not tuned); grad_value: native\n    ("decoder", 8192, (32, 4, 1, 4), (32, 4, 1, 4), torch.float32),' in other
+    assert '# decoder: spec defaults (not tuned); grad_value: native\n    ("decoder", 8192, (32, 4, 1, 4), (32, 4, 1, 2, 16), torch.float32),' in other
     (tmp_path / "specs" / "msda.tuning.json").unlink()
     untuned = next(o.text for o in generate(load_spec(tmp_path / "specs" / "msda.yaml"), ROOT) if o.variant == SMALL)
     assert "# tuning sha256:    none (msda.tuning.json absent" in untuned
@@ -213,17 +214,19 @@ def test_point_loop_per_size_class_takes_a_step_per_launch_and_every_class_runs(
     entries = {SMALL: {"decoder": {"forward": GOOD, "backward": GOOD}, "encoder": {"forward": run_time, "backward": GOOD}}}
     spec = load_spec(spec_copy(tmp_path, narrow(), tuning=tuning(entries)))
     text = next(o.text for o in generate(spec, ROOT) if o.variant == SMALL)
-    assert '("decoder", 8192, (16, 2, 1, 4), (16, 2, 1, 4), torch.float32),' in text
-    assert '("encoder", None, (16, 2, 1, 1), (16, 2, 1, 4), torch.float32),' in text
-    forward = text[text.index("def _msda_fwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _scatter_corner")]
+    # Backward: D=24 pads to 32 lanes; a 16 x SAMPLE_STEP x 32 tile over 64 threads stays within
+    # 16 values per thread at 2 samples (of L*K = 12), and its 12 samples unroll in one trip.
+    assert '("decoder", 8192, (16, 2, 1, 4), (16, 2, 1, 2, 12), torch.float32),' in text
+    assert '("encoder", None, (16, 2, 1, 1), (16, 2, 1, 2, 12), torch.float32),' in text
+    forward = text[text.index("def _msda_fwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _corner_backward")]
     backward = text[text.index("def _msda_bwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _check_tensor")]
     assert "POINT_STEP: tl.constexpr," in forward and "for k_first in tl.range(0, POINTS, POINT_STEP):" in forward
-    assert "POINT_STEP" not in backward and "for k in tl.static_range(POINTS):" in backward
+    assert "POINT_STEP" not in backward and "for s_first in tl.static_range(0, LEVELS * POINTS, SAMPLE_STEP):" in backward
     path = tmp_path / f"{SMALL}.py"
     path.write_text(text)
     module = load_module(path)
     assert module._launch(8192, backward=False)[1]["POINT_STEP"] == 4 and module._launch(8193, backward=False)[1]["POINT_STEP"] == 1
-    assert "POINT_STEP" not in module._launch(8193, backward=True)[1]
+    assert "POINT_STEP" not in module._launch(8193, backward=True)[1] and module._launch(8193, backward=True)[1]["SAMPLE_STEP"] == 2
     results = check(module, spec, variant(spec, SMALL), "cpu")
     forced = [r for r in results if r["case"].startswith("[encoder schedule]")]
     assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
@@ -268,6 +271,29 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
     resumed = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], missing=True)
     assert tune_main(resumed, timer=lambda fn: pytest.fail("timed again"), device="cpu", sizes=sizes) == 0
     assert "no variant of" in capsys.readouterr().out
+
+
+def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_path):
+    """--direction backward (after a change to the backward kernel): only backward launches are
+    timed, the tuning file's forward entries stay as they were."""
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
+    forward = dict(GOOD, block_q=32, num_warps=4)
+    entries = {SMALL: {c: {"forward": forward, "backward": forward} for c in ("decoder", "encoder")}}
+    path = spec_copy(tmp_path, text, tuning=tuning(entries))
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return {1: 9.0, 2: 3.0, 3: 8.0, 4: 10.0}[len(calls)]  # (16, decoder), (16, encoder), (32, decoder), (32, encoder)
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="backward")
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    assert len(calls) == 4  # 2 candidates x 2 classes, backward only
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
+    assert {c: (e["forward"]["block_q"], e["forward"]["us"]) for c, e in written.items()} == {"decoder": (32, 5.25), "encoder": (32, 5.25)}
+    assert {c: (e["backward"]["block_q"], e["backward"]["us"]) for c, e in written.items()} == {"decoder": (32, 8.0), "encoder": (16, 3.0)}
 
 
 class _Work:

@@ -5,9 +5,15 @@ Tiling (the query-block design): one program owns BLOCK_Q consecutive queries of
 tile in registers. Sampling parameters load coalesced over the query block; each corner gather
 reads a contiguous D-channel row of `value`.
 
-Backward: the same grid and the same address expressions. A program recomputes the four corners
-of each sampling point, writes that point's location and weight gradients with plain stores (one
-program owns them) and scatters attn · corner weight · grad_out into grad_value with atomic adds.
+Backward: the same grid and the same address expressions. A program works on SAMPLE_STEP samples
+(s = level * K + point) of its BLOCK_Q queries at once, a (BLOCK_Q, SAMPLE_STEP, BLOCK_D) tile:
+locations and weights load as (BLOCK_Q, SAMPLE_STEP) tiles, contiguous per query, and the location
+and weight gradients (one program owns them: plain stores) store the same way, instead of one
+strided scalar per query and sample. Per corner it recomputes the rows, takes <grad_out, row> and
+scatters attn · corner weight · grad_out into grad_value with atomic adds. Measured on the H200
+(benchmarks/RESULTS.md, session 14): the scattered 2-byte stores and loads of the per-sample form
+kept the L2's input crossbar 94% busy with 17M one-sector writes at encoder size; the tile form
+is 1.26x faster there (bf16 and fp32 DETR), 1.14x at decoder size.
 How grad_value accumulates is derived here, not tabled by hand: from the spec's target
 (`schedule.target`, facts in kgen/targets.py), `schedule.deterministic` and
 `schedule.grad_accumulation`:
@@ -94,6 +100,12 @@ TILE_VALUES_PER_THREAD = 32
 # 5 minutes and a 16-bit variant's GPU validation took ~195 s (18 s with the loop); at 256 (D=64)
 # a whole validation takes a few seconds.
 UNROLLED_TILE_VALUES = 512
+# The backward's SAMPLE_STEP: the most samples (a power of two dividing L*K) whose
+# (BLOCK_Q, SAMPLE_STEP, BLOCK_D) tile stays within this many values per thread. On the H200 the
+# backward at 8 to 32 values per thread was within 3% of its best (bf16 and fp32 DETR, decoder
+# and encoder sizes, benchmarks/RESULTS.md session 14); the rule leaves block_q and num_warps
+# the only tuned choices.
+SAMPLE_TILE_VALUES = 16
 # Corner coordinates are clamped to [CLAMP, size] before they become int32 pixel indices: far
 # samples stay representable and both of their corners stay outside the image (masked).
 CLAMP = -2
@@ -534,7 +546,9 @@ class Plan:
     points: int
     block_d: int
     point_loops: Mapping[str, PointLoop]  # by direction (DIRECTIONS)
-    point_steps: tuple[tuple[int, int], ...]  # per size class, (forward, backward): points per loop step
+    point_steps: tuple[int, ...]  # per size class: the forward's points per loop step
+    sample_steps: tuple[tuple[int, int], ...]  # per size class: the backward's (SAMPLE_STEP, samples per loop trip)
+    loc_pairs: bool  # locations lay (L, K, 2) out contiguously: the backward stores x and y as one tile
     schedules: tuple[ClassSchedule, ...]
     header_lines: tuple[str, ...]  # extra header lines (the tuning file's hash)
     query_mask: bool
@@ -551,11 +565,23 @@ def unrolled_values(levels: int, points: int, block_d: int, launch: Launch) -> i
     return levels * points * (launch.block_q * block_d // (WARP * launch.num_warps))
 
 
-def _point_loop(levels: int, points: int, steps: list[int], too_large: bool) -> PointLoop:
-    """The loop form of one kernel, given its points per step in each size class."""
+def sample_step(levels: int, points: int, block_d: int, launch: Launch) -> int:
+    """The backward's samples per tile step (SAMPLE_TILE_VALUES)."""
+    threads = WARP * launch.num_warps
+    step = 1
+    while (levels * points) % (2 * step) == 0 and launch.block_q * 2 * step * block_d <= SAMPLE_TILE_VALUES * threads:
+        step *= 2
+    return step
+
+
+def _point_loop(levels: int, points: int, steps: list[int], too_large: bool, unrolled_step: int | None = None) -> PointLoop:
+    """The loop form of one kernel, given its points (forward) or samples (backward) per loop
+    trip in each size class; a trip of `unrolled_step` (default: all K points) is unrolled."""
     if len(set(steps)) > 1:
-        return PointLoop("by_class", "POINT_STEP points per step: all of them (unrolled) or one (a run-time loop), by size class")
-    if steps[0] == points:
+        if unrolled_step is None:
+            return PointLoop("by_class", "POINT_STEP points per step: all of them (unrolled) or one (a run-time loop), by size class")
+        return PointLoop("by_class", "SAMPLE_GROUP samples per loop trip: all of them (unrolled) or one step (a run-time loop), by size class")
+    if steps[0] == (points if unrolled_step is None else unrolled_step):
         return PointLoop("unrolled", "")
     if too_large:
         return PointLoop("run_time", f"A run-time loop: unrolled, {levels} x {points} samples take LLVM minutes (plan: point loop).")
@@ -576,11 +602,18 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     def too_large(s: Launch) -> bool:  # to unroll (compile time); the point loop runs at run time
         return unrolled_values(L, K, block_d, s) > UNROLLED_TILE_VALUES
 
-    # Points per step of each kernel's point loop, per class: all of them (unrolled) or one.
-    point_steps = tuple(tuple(1 if s.point_loop == "run_time" or too_large(s) else K for s in (c.forward, c.backward)) for c in plans)
+    def run_time(s: Launch) -> bool:
+        return s.point_loop == "run_time" or too_large(s)
+
+    # The forward's points per step of its point loop, per class: all of them (unrolled) or one.
+    point_steps = tuple(1 if run_time(c.forward) else K for c in plans)
+    # The backward's samples per tile step, and per loop trip: all L*K (unrolled) or one step.
+    sample_steps = tuple(
+        (step, step if run_time(c.backward) else L * K) for c in plans for step in [sample_step(L, K, block_d, c.backward)]
+    )
     point_loops = {
-        direction: _point_loop(L, K, [steps[i] for steps in point_steps], any(too_large(getattr(c, direction)) for c in plans))
-        for i, direction in enumerate(DIRECTIONS)
+        "forward": _point_loop(L, K, list(point_steps), any(too_large(c.forward) for c in plans)),
+        "backward": _point_loop(L, K, [trip for _, trip in sample_steps], any(too_large(c.backward) for c in plans), unrolled_step=L * K),
     }
 
     sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
@@ -591,7 +624,7 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     }
 
     # Index symbols of the kernel and the ranges the proofs use.
-    b, m, q, d, pix, pid_bm = (index_symbol(n) for n in ("b", "m", "q", "d", "pixel", "pid_bm"))
+    b, m, q, d, pix, pid_bm, s = (index_symbol(n) for n in ("b", "m", "q", "d", "pixel", "pid_bm", "s"))
     q_hi = maxima["Q"] + block_q - 2  # masked lanes of the last block still form addresses
     pix_lo = CLAMP * maxima["S"] + CLAMP  # y0 = x0 = CLAMP at level_start = 0, W <= S
     pix_hi = 3 * maxima["S"] + 1  # corner (y0+1, x0+1) at y0 = H, x0 = W: level_start + H*W + 2W + 1
@@ -608,6 +641,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     }
     triton = TritonPrinter(ranges)
     host = PythonPrinter()
+    sample_host = PythonPrinter({index_symbol("s"): "s[None, :]"})
+    level_host = PythonPrinter({sympy.Symbol("l", integer=True): "level"})
 
     widths: list[IndexWidth] = []
 
@@ -634,7 +669,19 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         "level_h": host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(0))),
         "level_w": host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(1))),
         "level_start": host(layouts["level_start_index"].offset(L=lvl)),
+        # The backward's tiles: sample s = l*K + k of each query (s a (SAMPLE_STEP,) vector).
+        "sample_loc_x": sample_host(_sample_offset(locs, s, K, axis5=c_(0))),
+        "sample_loc_y": sample_host(_sample_offset(locs, s, K, axis5=c_(1))),
+        "sample_weight": sample_host(_sample_offset(wts, s, K)),
+        "sample_level_h": level_host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(0))),
+        "sample_level_w": level_host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(1))),
+        "sample_level_start": level_host(layouts["level_start_index"].offset(L=lvl)),
     }
+    # The backward's corner rows: (BLOCK_Q, SAMPLE_STEP, BLOCK_D), at the forward's proven width.
+    gather_bits = next(w.bits for w in widths if w.name == "gather")
+    expr["sample_gather"] = TritonPrinter(ranges, {pix: "pixel[:, :, None]", d: "d[None, None, :]"}, bits=gather_bits)(vals.offset(S=pix, D=d))
+    # x and y of consecutive samples adjacent in memory: gradients store as one (BLOCK_Q, 2*SAMPLE_STEP) tile.
+    loc_pairs = _sample_offset(locs, s, K, axis5=c_(1)) - _sample_offset(locs, s, K) == 1 and sympy.expand(_sample_offset(locs, s, K) - 2 * s) == 0
 
     # Proofs about the launch: the grid fits, and every level start fits the int32 coordinates.
     if maxima["B"] * M > GRID_Y_LIMIT:
@@ -665,20 +712,29 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     channel_mask = block_d != D
     bounds = [f"B*Q <= {c.max_rows}" if c.max_rows is not None else "larger calls" for c in plans]
     facts = tuple(
-        Fact(f"schedule {c.name} {direction}", f"BLOCK_Q={s.block_q} warps={s.num_warps} stages={s.num_stages}",
-             f"{bound}; {c.source}; {s.block_q * block_d // (WARP * s.num_warps)} tile values per thread (at most {TILE_VALUES_PER_THREAD})")
-        for c, bound in zip(plans, bounds) for direction, s in (("fwd", c.forward), ("bwd", c.backward))
+        Fact(f"schedule {c.name} fwd", f"BLOCK_Q={c.forward.block_q} warps={c.forward.num_warps} stages={c.forward.num_stages}",
+             f"{bound}; {c.source}; {c.forward.block_q * block_d // (WARP * c.forward.num_warps)} tile values per thread (at most {TILE_VALUES_PER_THREAD})")
+        for c, bound in zip(plans, bounds)
+    ) + tuple(
+        Fact(f"schedule {c.name} bwd", f"BLOCK_Q={c.backward.block_q} SAMPLE_STEP={step} warps={c.backward.num_warps} stages={c.backward.num_stages}",
+             f"{bound}; {c.source}; SAMPLE_STEP: the most samples dividing L*K={L * K} within {SAMPLE_TILE_VALUES} values per thread: "
+             f"{c.backward.block_q * step * block_d // (WARP * c.backward.num_warps)}")
+        for c, bound, (step, _) in zip(plans, bounds, sample_steps)
     ) + (
         Fact("BLOCK_D", str(block_d), f"next power of two >= D={D} (tl.arange needs a power of two)"),
         Fact("grid", f"(cdiv(Q, BLOCK_Q), B*{M})", f"axis 1 at most {maxima['B'] * M} <= {GRID_Y_LIMIT}"),
         Fact("query mask", "emitted" if query_mask else "omitted", f"Q is guaranteed a multiple of {spec.dims['Q'].multiple_of}; BLOCK_Q in {sorted({s.block_q for s in launches})}"),
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
-    ) + tuple(
-        Fact(f"point loop {direction}", loop.form.replace("_", " "),
-             f"points per step by class: {', '.join(f'{c.name} {steps[i]}' for c, steps in zip(plans, point_steps))}; "
-             f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)")
-        for i, (direction, loop) in enumerate(point_loops.items())
+    ) + (
+        Fact("point loop forward", point_loops["forward"].form.replace("_", " "),
+             f"points per step by class: {', '.join(f'{c.name} {steps}' for c, steps in zip(plans, point_steps))}; "
+             f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
+        Fact("sample loop backward", point_loops["backward"].form.replace("_", " "),
+             f"samples per loop trip by class: {', '.join(f'{c.name} {trip}' for c, (_, trip) in zip(plans, sample_steps))}; "
+             f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
+        Fact("backward location gradients", "one (BLOCK_Q, 2*SAMPLE_STEP) store" if loc_pairs else "x and y stored apart",
+             "sampling_locations lays (L, K, 2) out contiguously" if loc_pairs else "sampling_locations' (L, K, 2) axes are not one contiguous run"),
     ) + (
         Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
         Fact("backward grid", f"(cdiv(Q, BLOCK_Q), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
@@ -718,6 +774,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         block_d=block_d,
         point_loops=point_loops,
         point_steps=point_steps,
+        sample_steps=sample_steps,
+        loc_pairs=loc_pairs,
         schedules=plans,
         header_lines=_tuning_header(spec),
         query_mask=query_mask,
@@ -738,6 +796,16 @@ def _tuning_header(spec: Spec) -> tuple[str, ...]:
     if sha is None:
         return (f"tuning sha256:    none ({opts.tune.file} absent: the spec's schedule for every size class)",)
     return (f"tuning sha256:    {sha} ({opts.tune.file}, beside the spec)",)
+
+
+def _sample_offset(layout: TensorLayout, s: sympy.Symbol, points: int, **rest: sympy.Expr) -> sympy.Expr:
+    """Offset of sample s = l*points + k (plus the `rest` axes' indices): stride_K * s where the
+    layout lays L and K out as one run (stride_L = points * stride_K), else through s // points
+    and s % points."""
+    stride = dict(zip(layout.axis_names, layout.strides))
+    if sympy.expand(stride["L"] - points * stride["K"]) == 0:
+        return sympy.expand(stride["K"] * s + layout.offset(**rest))
+    return layout.offset(L=FloorDiv(s, points), K=Mod(s, points), **rest)
 
 
 def _axis_names(shape: tuple) -> list[str]:
