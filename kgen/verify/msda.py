@@ -4,6 +4,7 @@ the float64 PyTorch reference."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -116,20 +117,13 @@ def _forced(module, row):
 def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: int) -> list[dict[str, Any]]:
     """The backward through autograd (the module's custom op) against float64 autograd through
     the reference: one result per gradient (value, sampling_locations, attention_weights)."""
-    inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed, snap=False)
-    value, loc, attn = (inputs[n].requires_grad_(True) for n in ("value", "sampling_locations", "attention_weights"))
-    g = torch.Generator(device="cpu").manual_seed(seed + 1)
-    grad_out = torch.randn(case.batch, case.queries, module.HEADS * module.HEAD_DIM, generator=g).to(device=device, dtype=dtype)
+    inputs, grad_out = _gradient_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed)
+    value, loc, attn = (inputs[n].detach().clone().requires_grad_(True) for n in ("value", "sampling_locations", "attention_weights"))
     out = module.msda_forward(value, inputs["spatial_shapes"], None, loc, attn)
     grads = torch.autograd.grad(out, (value, loc, attn), grad_out, allow_unused=True)
     if device == "cuda":
         torch.cuda.synchronize()
-    refs = msda_backward_reference(value, inputs["spatial_shapes"], None, loc, attn, grad_out)
-    # The location gradient jumps where a pixel coordinate crosses an integer (the bilinear kink).
-    # The kernel forms x = loc * W - 0.5 in fp32, the reference in float64, so a sample within a
-    # few fp32 ulps of a kink can fall on the other side; those samples are left out of the
-    # location comparison (and counted), everything else is compared.
-    kinks = _near_kink(loc.detach().double(), inputs["spatial_shapes"])
+    refs, kinks = _reference_gradients(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed)
     results = []
     for name, grad, ref in zip(("grad_value", "grad_locations", "grad_weights"), grads, refs):
         if grad is None:
@@ -145,6 +139,31 @@ def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: in
             continue
         results.append(_compare(grad, ref, tol, case, dtype, prefix=f"{name} "))
     return results
+
+
+def _gradient_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int):
+    """(inputs, grad_output) of one gradient check: the same tensors for the same arguments."""
+    inputs = make_inputs(case, heads, head_dim, points, dtype, device, seed, snap=False)
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    grad_out = torch.randn(case.batch, case.queries, heads * head_dim, generator=g).to(device=device, dtype=dtype)
+    return inputs, grad_out
+
+
+# kgen tune checks every candidate schedule of a variant at the same sizes: the float64 reference
+# (an autograd pass through grid_sample, at encoder size too) is computed once per size and
+# dtype, not once per candidate.
+@functools.lru_cache(maxsize=4)
+def _reference_gradients(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int):
+    """(float64 reference gradients, locations to leave out of the comparison) of one check.
+
+    The location gradient jumps where a pixel coordinate crosses an integer (the bilinear kink).
+    The kernel forms x = loc * W - 0.5 in fp32, the reference in float64, so a sample within a
+    few fp32 ulps of a kink can fall on the other side; those samples are left out of the
+    location comparison (and counted), everything else is compared."""
+    inputs, grad_out = _gradient_inputs(case, heads, head_dim, points, dtype, device, seed)
+    loc = inputs["sampling_locations"]
+    refs = msda_backward_reference(inputs["value"], inputs["spatial_shapes"], None, loc, inputs["attention_weights"], grad_out)
+    return refs, _near_kink(loc.double(), inputs["spatial_shapes"])
 
 
 def _near_kink(loc: torch.Tensor, spatial_shapes: torch.Tensor) -> torch.Tensor:
