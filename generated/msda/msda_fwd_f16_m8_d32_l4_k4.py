@@ -3,7 +3,7 @@
 # spec sha256:      95fd554bfee2e8ee3711cc8015ae80b886fd3a1a38f82980571285fd86a51e87
 # templates sha256: 0787c38d95f167d14979bf4007afd71d576efddd30f4c0a713f43569e10267eb
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    5ad8935441f0930143c1bcc3636d997bbb7466003be7468fc2b6bb5305995576 (msda.tuning.json, beside the spec)
+# tuning sha256:    30e07a3c1140be41682d6b762c20f0107d5f69e55ca5cf28da57cec5476ba489 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867680 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
@@ -83,9 +83,9 @@ BLOCK_D = 32
 # dtype grad_value accumulates in)
 SCHEDULES = (
     # decoder: forward and backward tuned on NVIDIA H200; grad_value: native
-    ("decoder", 8192, (16, 4, 1, 4), (16, 8, 1, 8, 16), torch.float16),
+    ("decoder", 8192, (16, 4, 1, 4), (16, 4, 1, 4, 16), torch.float16),
     # encoder: forward and backward tuned on NVIDIA H200; grad_value: fp32
-    ("encoder", None, (32, 4, 1, 1), (16, 4, 1, 4, 16), torch.float32),
+    ("encoder", None, (32, 4, 1, 1), (16, 8, 1, 8, 8), torch.float32),
 )
 # Run-time sizes the index arithmetic was proven for (int32 vs int64 per address).
 MAX_SIZES = {
@@ -245,6 +245,7 @@ def _msda_bwd_f16_m8_d32_l4_k4_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SAMPLE_STEP: tl.constexpr,
+    SAMPLE_GROUP: tl.constexpr,
 ):
     # The forward's grid: BLOCK_Q queries of one (batch, head) pair, all levels and points, taken
     # SAMPLE_STEP samples (s = level * POINTS + point) at a time as (BLOCK_Q, SAMPLE_STEP) tiles.
@@ -274,58 +275,65 @@ def _msda_bwd_f16_m8_d32_l4_k4_kernel(
         other=0.0,
     ).to(tl.float32)[:, None, :]
 
-    for s_first in tl.static_range(0, LEVELS * POINTS, SAMPLE_STEP):
-        s = s_first + tl.arange(0, SAMPLE_STEP)
-        # Level geometry per sample; sizes up to the declared max of S fit int32.
-        level = s // POINTS
-        height = tl.load(spatial_shapes_ptr + level * 2).to(tl.int32)[None, :]
-        width = tl.load(spatial_shapes_ptr + level * 2 + 1).to(tl.int32)[None, :]
-        level_start = tl.load(level_start_index_ptr + level).to(tl.int32)[None, :]
-        # Sampling parameters: (BLOCK_Q, SAMPLE_STEP) tiles, contiguous per query.
-        loc_x = tl.load(loc_base + s[None, :] * 2, mask=sample_mask, other=0.0).to(tl.float32)
-        loc_y = tl.load(loc_base + s[None, :] * 2 + 1, mask=sample_mask, other=0.0).to(tl.float32)
-        weight = tl.load(weight_base + s[None, :], mask=sample_mask, other=0.0).to(tl.float32)
-        lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(loc_x, loc_y, height, width)
-        hx = 1.0 - lx
-        hy = 1.0 - ly
-        pixel00 = level_start + y0 * width + x0
-        pixel10 = pixel00 + width
-        valid00 = (sample_mask & y0_in & x0_in)[:, :, None]
-        valid01 = (sample_mask & y0_in & x1_in)[:, :, None]
-        valid10 = (sample_mask & y1_in & x0_in)[:, :, None]
-        valid11 = (sample_mask & y1_in & x1_in)[:, :, None]
+    # SAMPLE_GROUP samples per loop trip: all of them (unrolled) or one step (a run-time loop), by size class
+    for s_group in tl.range(0, LEVELS * POINTS, SAMPLE_GROUP):
+        for s_step in tl.static_range(0, SAMPLE_GROUP, SAMPLE_STEP):
+            s_first = s_group + s_step
+            s = s_first + tl.arange(0, SAMPLE_STEP)
+            # Level geometry per sample; sizes up to the declared max of S fit int32.
+            level = s // POINTS
+            height = tl.load(spatial_shapes_ptr + level * 2).to(tl.int32)[None, :]
+            width = tl.load(spatial_shapes_ptr + level * 2 + 1).to(tl.int32)[None, :]
+            level_start = tl.load(level_start_index_ptr + level).to(tl.int32)[None, :]
+            # Sampling parameters: (BLOCK_Q, SAMPLE_STEP) tiles, contiguous per query.
+            loc_x = tl.load(loc_base + s[None, :] * 2, mask=sample_mask, other=0.0).to(tl.float32)
+            loc_y = tl.load(loc_base + s[None, :] * 2 + 1, mask=sample_mask, other=0.0).to(
+                tl.float32
+            )
+            weight = tl.load(weight_base + s[None, :], mask=sample_mask, other=0.0).to(tl.float32)
+            lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
+                loc_x, loc_y, height, width
+            )
+            hx = 1.0 - lx
+            hy = 1.0 - ly
+            pixel00 = level_start + y0 * width + x0
+            pixel10 = pixel00 + width
+            valid00 = (sample_mask & y0_in & x0_in)[:, :, None]
+            valid01 = (sample_mask & y0_in & x1_in)[:, :, None]
+            valid10 = (sample_mask & y1_in & x0_in)[:, :, None]
+            valid11 = (sample_mask & y1_in & x1_in)[:, :, None]
 
-        # Per corner: recompute the rows, <grad_out, row>, and scatter weight * corner weight * grad_out.
-        g00 = _corner_backward(
-            value_base, grad_value_base, pixel00, d, valid00, grad_out, weight * hx * hy
-        )
-        g01 = _corner_backward(
-            value_base, grad_value_base, pixel00 + 1, d, valid01, grad_out, weight * lx * hy
-        )
-        g10 = _corner_backward(
-            value_base, grad_value_base, pixel10, d, valid10, grad_out, weight * hx * ly
-        )
-        g11 = _corner_backward(
-            value_base, grad_value_base, pixel10 + 1, d, valid11, grad_out, weight * lx * ly
-        )
+            # Per corner: recompute the rows, <grad_out, row>, and scatter weight * corner weight * grad_out.
+            g00 = _corner_backward(
+                value_base, grad_value_base, pixel00, d, valid00, grad_out, weight * hx * hy
+            )
+            g01 = _corner_backward(
+                value_base, grad_value_base, pixel00 + 1, d, valid01, grad_out, weight * lx * hy
+            )
+            g10 = _corner_backward(
+                value_base, grad_value_base, pixel10, d, valid10, grad_out, weight * hx * ly
+            )
+            g11 = _corner_backward(
+                value_base, grad_value_base, pixel10 + 1, d, valid11, grad_out, weight * lx * ly
+            )
 
-        # d out / d weight = the bilinear sample; d sample / d x = W * d sample / d lx (and y, H).
-        grad_weight = hx * hy * g00 + lx * hy * g01 + hx * ly * g10 + lx * ly * g11
-        grad_x = weight * width.to(tl.float32) * (hy * (g01 - g00) + ly * (g11 - g10))
-        grad_y = weight * height.to(tl.float32) * (hx * (g10 - g00) + lx * (g11 - g01))
-        tl.store(
-            grad_weight_base + s[None, :],
-            grad_weight.to(grad_weights_ptr.dtype.element_ty),
-            mask=sample_mask,
-        )
-        # x and y of consecutive samples are adjacent: one (BLOCK_Q, 2 * SAMPLE_STEP) tile.
-        grad_xy = tl.reshape(tl.join(grad_x, grad_y), (BLOCK_Q, 2 * SAMPLE_STEP))
-        xy = s_first * 2 + tl.arange(0, 2 * SAMPLE_STEP)
-        tl.store(
-            grad_loc_base + xy[None, :],
-            grad_xy.to(grad_locations_ptr.dtype.element_ty),
-            mask=sample_mask,
-        )
+            # d out / d weight = the bilinear sample; d sample / d x = W * d sample / d lx (and y, H).
+            grad_weight = hx * hy * g00 + lx * hy * g01 + hx * ly * g10 + lx * ly * g11
+            grad_x = weight * width.to(tl.float32) * (hy * (g01 - g00) + ly * (g11 - g10))
+            grad_y = weight * height.to(tl.float32) * (hx * (g10 - g00) + lx * (g11 - g01))
+            tl.store(
+                grad_weight_base + s[None, :],
+                grad_weight.to(grad_weights_ptr.dtype.element_ty),
+                mask=sample_mask,
+            )
+            # x and y of consecutive samples are adjacent: one (BLOCK_Q, 2 * SAMPLE_STEP) tile.
+            grad_xy = tl.reshape(tl.join(grad_x, grad_y), (BLOCK_Q, 2 * SAMPLE_STEP))
+            xy = s_first * 2 + tl.arange(0, 2 * SAMPLE_STEP)
+            tl.store(
+                grad_loc_base + xy[None, :],
+                grad_xy.to(grad_locations_ptr.dtype.element_ty),
+                mask=sample_mask,
+            )
 
 
 def _check_tensor(name, tensor, shape, dtype, device, sizes):
@@ -386,6 +394,7 @@ def _launch_options(schedule, backward):
     launch = dict(CONSTANTS, BLOCK_Q=block_q, num_warps=num_warps, num_stages=num_stages)
     if backward:
         launch["SAMPLE_STEP"] = schedule[3]  # the tile's samples: fewer for wider query blocks
+        launch["SAMPLE_GROUP"] = schedule[4]  # the backward's sample loop differs by size class
     else:
         launch["POINT_STEP"] = schedule[3]  # the forward's point loop differs by size class
     return launch

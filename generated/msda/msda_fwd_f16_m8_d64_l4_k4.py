@@ -3,7 +3,7 @@
 # spec sha256:      95fd554bfee2e8ee3711cc8015ae80b886fd3a1a38f82980571285fd86a51e87
 # templates sha256: 0787c38d95f167d14979bf4007afd71d576efddd30f4c0a713f43569e10267eb
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    5ad8935441f0930143c1bcc3636d997bbb7466003be7468fc2b6bb5305995576 (msda.tuning.json, beside the spec)
+# tuning sha256:    30e07a3c1140be41682d6b762c20f0107d5f69e55ca5cf28da57cec5476ba489 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 67645735360 (2^36.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
