@@ -1,8 +1,10 @@
 """The PTX of the Triton TQ decode's nibble unpacking, run exhaustively on a model of its instructions.
 
 Compiled for NVIDIA, the generated decode unpacks K nibbles into bf16 codebook entries and V
-nibbles into fp16 levels with inline PTX (_unpack_k, _unpack_v), a word of 4 packed bytes per
-call; the interpreter runs the plain Triton arm instead, so CI's numerics never execute the PTX.
+nibbles into fp16 levels with inline PTX: _unpack_k (a word of 4 packed bytes per call), and
+_unpack_v_words (chunked form: two int32 words per call, paired nibble by nibble) or _unpack_v
+(shared-tile form, 4 bytes per call); the interpreter runs the plain Triton arm instead, so CI's
+numerics never execute the PTX.
 Here the asm text of the generated module is parsed and every instruction it uses is modelled on
 numpy arrays (one lane per input word). The two halves of a word take separate paths, so each
 half runs through all 65536 packed byte pairs (the other half a permutation of them), through the
@@ -21,7 +23,8 @@ import pytest
 from conftest import ROOT
 from kgen.reference import tq as ref
 
-DECODE = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
+DECODE = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"  # chunked form
+SHARED_TILE = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg16_bs16.py"
 ALL_PAIRS = np.arange(1 << 16, dtype=np.uint32)  # two packed bytes: b0 | b1 << 8
 # One word of 4 packed bytes per lane: every pair in the low half, a permutation of them in the high half.
 WORDS = ALL_PAIRS | np.random.default_rng(1).permutation(ALL_PAIRS) << 16
@@ -144,6 +147,30 @@ def check_unpack_v(asm, mid):
     return ok
 
 
+def _word_pairs():
+    """Two words per lane whose byte i pairs, over the lanes, take every (a, b) byte pair, with a
+    different pairing at each byte position (so reading the wrong byte shows)."""
+    a = b = np.zeros_like(ALL_PAIRS)
+    for i in range(4):
+        a = a | ((ALL_PAIRS + 37 * i) & 0xFF) << (8 * i)
+        b = b | (((ALL_PAIRS >> 8) + 53 * i) & 0xFF) << (8 * i)
+    return a.astype(np.uint32), b.astype(np.uint32)
+
+
+def check_unpack_v_words(asm, constraints, pack, mid, fp16_1024_bits=0x6400):
+    """$0..$7: nibble n (byte n // 2, low first) of word $8 in the low half, of word $9 in the high
+    half, as fp16 levels n - mid; $10 (and its packed copy $11) holds 1024 in both fp16 halves."""
+    assert (constraints, pack) == ("=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", 2)
+    a, b = _word_pairs()
+    out = run_ptx(asm, {"$8": a, "$9": b, "$10": np.full_like(a, fp16_1024_bits * 0x10001), "$11": np.full_like(a, fp16_1024_bits * 0x10001)})
+    f = lambda n: (n.astype(np.float64) - mid).astype(np.float16).view(np.uint16).astype(np.uint32)  # noqa: E731
+    ok = True
+    for n in range(8):
+        shift = 4 * n
+        ok &= np.array_equal(out.get(f"${n}"), f((a >> shift) & 15) | f((b >> shift) & 15) << 16)
+    return ok
+
+
 def _codebooks():
     rng = np.random.default_rng(0)
     lloyd = ref.lloyd_max_centroids(128).numpy()
@@ -174,7 +201,14 @@ def _v_level_mid(source: str) -> int:
     return int(re.search(r"^V_LEVEL_MID = (\d+)$", source, re.M).group(1))
 
 
-def test_v_unpack_gives_every_centred_level(source):
+def test_v_word_unpack_gives_every_centred_level_pair(source):
+    asm, constraints, pack = _inline_asm(source, "_unpack_v_words")
+    assert _v_level_mid(source) == 8
+    assert check_unpack_v_words(asm, constraints, pack, mid=_v_level_mid(source))
+
+
+def test_v_unpack_gives_every_centred_level():
+    source = SHARED_TILE.read_text()
     asm, constraints, pack = _inline_asm(source, "_unpack_v")
     assert (constraints, pack) == ("=r,=r,=r,=r,r", 4)
     assert _v_level_mid(source) == 8
@@ -192,25 +226,41 @@ def test_v_unpack_gives_every_centred_level(source):
         ("_unpack_v", "0xFFF0FFF0", "0xFFF8FFF8"),  # part of the low nibble kept in the high level
         ("_unpack_v", "sub.f16x2 t, whole, low_offset", "sub.f16x2 t, low_offset, whole"),
         ("_unpack_v", "exponent, 0x4342", "exponent, 0x4140"),  # bytes 2 and 3 never read
+        ("_unpack_v_words", "$8, $9, 0x0501", "$8, $9, 0x0400"),  # byte 1 never read
+        ("_unpack_v_words", "$8, $9, 0x0602", "$9, $8, 0x0602"),  # the two words swapped in one pair
+        ("_unpack_v_words", "0x00F000F0", "0x00F800F8"),  # a low-nibble bit kept in the high level
+        ("_unpack_v_words", "sub.f16x2 $6, low, low_centre", "sub.f16x2 $7, low, low_centre"),  # an output written twice
     ],
 )
 def test_planted_ptx_bugs_fail(source, function, old, new):
     """Each planted bug, in one place (the first where the text occurs twice), fails the check."""
+    if function == "_unpack_v":
+        source = SHARED_TILE.read_text()
     asm, constraints, pack = _inline_asm(source, function)
     assert asm.count(old) >= 1, old
     bad = asm.replace(old, new, 1)
     codebook = _codebooks()[2][1]
-    ok = check_unpack_k(bad, constraints, pack, codebook) if function == "_unpack_k" else check_unpack_v(bad, mid=_v_level_mid(source))
+    mid = _v_level_mid(source)
+    if function == "_unpack_k":
+        ok = check_unpack_k(bad, constraints, pack, codebook)
+    elif function == "_unpack_v_words":
+        ok = check_unpack_v_words(bad, constraints, pack, mid)
+    else:
+        ok = check_unpack_v(bad, mid=mid)
     assert not ok
 
 
 def test_every_decode_variant_ships_the_same_ptx():
-    """The PTX is variant-independent (4-bit fields, 16 centroids): one exhaustive run covers all."""
-    texts = {
-        tuple(_inline_asm(p.read_text(), f)[0] for f in ("_unpack_k", "_unpack_v"))
-        for p in (ROOT / "generated" / "tq_decode").glob("tq_decode_triton_*.py")
-    }
-    assert len(texts) == 1
+    """The PTX is variant-independent (4-bit fields, 16 centroids): one exhaustive run covers all.
+    Every variant has _unpack_k; the chunked ones _unpack_v_words, the shared-tile ones _unpack_v."""
+    texts = {"_unpack_k": set(), "_unpack_v_words": set(), "_unpack_v": set()}
+    for p in (ROOT / "generated" / "tq_decode").glob("tq_decode_triton_*.py"):
+        source = p.read_text()
+        present = [f for f in texts if f"def {f}(" in source]
+        assert "_unpack_k" in present and len(present) == 2, (p.name, present)
+        for f in present:
+            texts[f].add(_inline_asm(source, f)[0])
+    assert all(len(t) == 1 for t in texts.values()), {f: len(t) for f, t in texts.items()}
 
 
 def test_model_of_prmt_and_lop3():

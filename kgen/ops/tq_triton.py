@@ -8,6 +8,10 @@ padded to Q_COLS = 8); more heads share one softmax state over the tile as a pad
 Q_ROWS rows (the chunked form's accumulators would not fit the register budget).
 Packed bytes are never interleaved: byte j of a 4-bit field holds elements 2j and 2j+1, so the
 kernels work on the even and odd halves of head_dim separately (q_even . C[lo] + q_odd . C[hi]).
+In the chunked form the loads are shaped so that Triton's layouts put every byte in the lane
+the MMA operand needs it in (`_chunk_lanes`): the reduction order of QK is renumbered to the K
+loads' byte order (q is loaded in that order), and PV's rows are head_dim elements in the V
+loads' order (the store undoes it), so neither operand goes through shared memory.
 
 Every address the kernels form is printed here from the shared lowering's sympy offsets (cache
 block stride, field offsets per slot and kv head, tensor bases), each with the int width that
@@ -44,6 +48,14 @@ DECODE_STAGES = 2  # software-pipeline depth of the tile loop's cache loads (3: 
 # (N = 16) its accumulators spill: 0.70x capped, 0.80x uncapped. With two pipeline stages it
 # spills too (835 against 425 us at d128 16 x 32K), so it runs one.
 CHUNKED_MAX_QG = 8
+# The chunked form loads K and V straight into the lanes of the MMA operands (session 16: decode
+# kernel alone 1.29-1.46x, H200): that lane plan is written for chunks of 32 tokens in runs of 16
+# from one cache block, and for head dims whose V record spans 8 lanes of whole int32 words, one
+# to four of them (d = 64, 128, 256). Other shapes take the shared-tile form.
+CHUNK_TOKENS = 32
+CHUNK_RUN = 16
+CHUNK_HEAD_DIM_STEP = 64
+CHUNK_MAX_V_WORDS = 4
 CHUNKED_MIN_N = 8  # the query heads are padded to at least mma.sync's N of 8
 CHUNKED_STAGES = 1
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
@@ -92,7 +104,7 @@ def lower_kernel(ctx):
     max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     # A warp's chunk is PV's K, so it must reach tl.dot's minimum K (head dims past 256 take shorter tiles).
     chunk = tile // DECODE_WARPS
-    chunked = qg <= CHUNKED_MAX_QG and chunk >= MIN_DOT
+    chunked = qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0 and d % CHUNK_HEAD_DIM_STEP == 0
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     consts = {
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
@@ -111,6 +123,7 @@ def lower_kernel(ctx):
         # resident programs per SM at that budget: the wave the host's partition choice fills
         "PROGRAMS_PER_SM": REGISTERS_PER_SM // (32 * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
         **_v_unpack_constants(ctx),
+        **(_chunk_lanes(ctx, pairs) if chunked else {}),
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
         "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
@@ -131,8 +144,8 @@ def lower_kernel(ctx):
     out = _Printer(ranges, names, constexprs)
     off = ctx.offsets
     even, odd = {e: per_byte * pair}, {e: per_byte * pair + 1}  # low nibble: element 2j, high: 2j+1
-    if chunked:  # q^T as [1, PAIRS, Q_COLS]; out^T as [PAIRS, Q_COLS]
-        query_matrix = {row: "col[None, None, :]", pair: "pair[None, :, None]"}
+    if chunked:  # q^T as [1, PAIRS, Q_COLS], pairs in the K lanes' order (k_byte); out^T as [PAIRS, Q_COLS]
+        query_matrix = {row: "col[None, None, :]", pair: "k_byte[None, :, None]"}
         out_matrix, head = {row: "col[None, :]", pair: "pair[:, None]"}, {row: "col"}
     else:
         query_matrix = out_matrix = {row: "row[:, None]", pair: "pair[None, :]"}
@@ -151,6 +164,14 @@ def lower_kernel(ctx):
         "partials_base": out("partials_base", off["partials_base"]),
         "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row), head),
     }
+    if chunked:  # the K and V loads' own names for a 16-token run's table entry, block and slots
+        for f in ("k", "v"):
+            run = {token: f"{f}_run"}
+            printed[f"{f}_table_index"] = out("table_index", FloorDiv(token, bs), run)
+            printed[f"{f}_run_slot"] = out("slot", Mod(token, bs), run)
+            printed[f"{f}_block_base"] = out("block_base_bytes", off["block_base_bytes"], {phys: f"{f}_block"})
+            printed[f"{f}_record"] = out(f"{f}_bytes", off[f"{f}_bytes"], {slot: f"{f}_slot"})
+        printed["out_rows"] = out("out_parts_row", off["out_parts_row"], {row: "col[None, :]", e: "v_elem[:, None]"})
     p = printed
     program = (
         f"program (seq, kv_head, part): the QG={qg} query heads of kv_head, padded to {q_rows} columns (the MMAs' N), over tiles of {tile} tokens ({pairs * tile} packed bytes),"
@@ -159,14 +180,23 @@ def lower_kernel(ctx):
         else f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)"
     )
     mma = (
-        f"QK: K . q_even^T + K . q_odd^T per chunk (batched tl.dot, [{chunk} x {pairs}] . [{pairs} x {q_rows}]); PV: V^T . P'^T into [{pairs} x {q_rows}] fp32 accumulators per chunk, merged after the loop"
+        f"QK: K . q_even^T + K . q_odd^T per chunk (batched tl.dot, [{chunk} x {pairs}] . [{pairs} x {q_rows}]); PV: V^T . P'^T into a [{d} x {q_rows}] fp32 accumulator per chunk, merged after the loop"
         if chunked
         else f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators"
+    )
+    loads = (
+        (
+            f"K: each token's {pairs} B record over 4 lanes, {pairs // 4} contiguous bytes each (lane quad q holds bytes [q*{pairs // 4}, (q+1)*{pairs // 4})), 8 tokens over the other lane bits, a chunk per warp;"
+            f" QK's reduction runs over bytes in that order (k_byte). V: each record over 8 lanes of {pairs // 32} int32 word(s), 4 tokens over the other lane bits; PV's rows are head_dim in that order (v_elem)",
+        )
+        if chunked
+        else ()
     )
     mapping = (
         program,
         f"K, V: a [{tile} tokens x {pairs} B] tile, token-major: token t's byte `pair` at block base + ({p['k']}) + pair (V: + ({p['v']}) + pair),"
         f" holding elements {per_byte}*pair (low nibble) and {per_byte}*pair+1 (high nibble)",
+        *loads,
         f"metadata: one fp16 per token and field at block base + ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
         mma,
     )
@@ -246,6 +276,22 @@ def _cache_fields(out: _Printer, off) -> dict[str, str]:
     }
 
 
+def _chunk_lanes(ctx, pairs: int) -> dict:
+    """The chunked form's lane plan: bytes of a K record per lane (4 lanes a token) and int32 words
+    of a V record per lane (8 lanes a token); and the bound behind its lane-dependent zero."""
+    v_words = pairs // 4 // 8
+    if not 1 <= v_words <= CHUNK_MAX_V_WORDS or v_words & (v_words - 1):
+        raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over 8 lanes of 1, 2 or 4 int32 words, not {pairs / 32:g}", "head_dim 64, 128 or 256")
+    max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
+    if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
+        raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
+    return {
+        "K_VEC": pairs // 4,  # contiguous bytes of a K record per lane
+        "V_WORDS": v_words,  # int32 words of a V record per lane
+        "LANE_ZERO_BOUND": f"7 * {max_blocks} = {7 * max_blocks} < 2^31",
+    }
+
+
 def _f16x2(value: float) -> str:
     """PTX immediate of an fp16 pair (value, value); the value must be exact in fp16."""
     (bits,) = struct.unpack("<H", struct.pack("<e", value))
@@ -273,6 +319,10 @@ def _v_unpack_constants(ctx) -> dict[str, str]:
         "V_HIGH_BIAS": _f16x2(-(1024.0 / step + mid)),
         "V_LOW_OFFSET": _f16x2(1024.0 + (step + 1) * mid),
         "V_LOW_HIGH_WEIGHT": _f16x2(-float(step)),
+        # the chunked form's word unpacking: nibbles kept in place under 1024's exponent bits
+        "V_LOW_NIBBLES": f"0x{(step - 1) * 0x00010001:08X}",  # each fp16 lane's low nibble
+        "V_HIGH_NIBBLES": f"0x{((step - 1) << bits) * 0x00010001:08X}",  # the nibble above it
+        "V_LOW_CENTRE": _f16x2(1024.0 + mid),
     }
 
 
