@@ -48,14 +48,16 @@ DECODE_STAGES = 2  # software-pipeline depth of the tile loop's cache loads (3: 
 # (N = 16) its accumulators spill: 0.70x capped, 0.80x uncapped. With two pipeline stages it
 # spills too (835 against 425 us at d128 16 x 32K), so it runs one.
 CHUNKED_MAX_QG = 8
-# The chunked form loads K and V straight into the lanes of the MMA operands (session 16: decode
-# kernel alone 1.29-1.46x, H200): that lane plan is written for chunks of 32 tokens in runs of 16
-# from one cache block, and for head dims whose V record spans 8 lanes of whole int32 words, one
-# to four of them (d = 64, 128, 256). Other shapes take the shared-tile form.
+# The chunked form loads K and V straight into the lanes of the MMA operands (session 16, H200,
+# whole pipeline at d128 16 x 32K: 419.6 -> 302.3 us; d64 281.7 -> 183.8): that lane plan is
+# written for chunks of 32 tokens in runs of 16 from one cache block, and for head dims whose V
+# record spans 8 lanes of one or two int32 words (d = 64, 128). At d256 (four words, uncapped
+# registers) it measured slower than session 13's chunked kernel (16 x 32K 1149.5 against 838.6
+# us, not profiled; the shared-tile form: 922.7), so d256 and other shapes take the shared-tile form.
 CHUNK_TOKENS = 32
 CHUNK_RUN = 16
 CHUNK_HEAD_DIM_STEP = 64
-CHUNK_MAX_V_WORDS = 4
+CHUNK_MAX_V_WORDS = 2
 CHUNKED_MIN_N = 8  # the query heads are padded to at least mma.sync's N of 8
 CHUNKED_STAGES = 1
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
@@ -104,7 +106,10 @@ def lower_kernel(ctx):
     max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     # A warp's chunk is PV's K, so it must reach tl.dot's minimum K (head dims past 256 take shorter tiles).
     chunk = tile // DECODE_WARPS
-    chunked = qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0 and d % CHUNK_HEAD_DIM_STEP == 0
+    chunked = (
+        qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0
+        and d % CHUNK_HEAD_DIM_STEP == 0 and pairs // 32 <= CHUNK_MAX_V_WORDS
+    )
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     consts = {
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
@@ -281,7 +286,7 @@ def _chunk_lanes(ctx, pairs: int) -> dict:
     of a V record per lane (8 lanes a token); and the bound behind its lane-dependent zero."""
     v_words = pairs // 4 // 8
     if not 1 <= v_words <= CHUNK_MAX_V_WORDS or v_words & (v_words - 1):
-        raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over 8 lanes of 1, 2 or 4 int32 words, not {pairs / 32:g}", "head_dim 64, 128 or 256")
+        raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over 8 lanes of 1 or 2 int32 words, not {pairs / 32:g}", "head_dim 64 or 128")
     max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
     if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
         raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
