@@ -1,10 +1,10 @@
 """The PTX of the Triton TQ decode's nibble unpacking, run exhaustively on a model of its instructions.
 
 Compiled for NVIDIA, the generated decode unpacks K nibbles into bf16 codebook entries and V
-nibbles into fp16 levels with inline PTX: _unpack_k (a word of 4 packed bytes per call), and
-_unpack_v_words (chunked form: two int32 words per call, paired nibble by nibble) or _unpack_v
-(shared-tile form, 4 bytes per call); the interpreter runs the plain Triton arm instead, so CI's
-numerics never execute the PTX.
+nibbles into fp16 levels with inline PTX. The chunked form takes two int32 words per call and
+pairs them nibble by nibble: _unpack_k_pairs and _unpack_v_words. The shared-tile form takes a
+word of 4 packed bytes per call: _unpack_k and _unpack_v. The interpreter runs the plain Triton
+arm instead, so CI's numerics never execute the PTX.
 Here the asm text of the generated module is parsed and every instruction it uses is modelled on
 numpy arrays (one lane per input word). The two halves of a word take separate paths, so each
 half runs through all 65536 packed byte pairs (the other half a permutation of them), through the
@@ -132,6 +132,21 @@ def check_unpack_k(asm, constraints, pack, codebook):
     return ok
 
 
+def check_unpack_k_pairs(asm, constraints, pack, codebook):
+    """$0..$7: the bf16 entry of nibble n (byte n // 2, low first) of word $8 in the low half, of
+    word $9 in the high half; the 8 table words are $10, $12, ... (each with its packed copy)."""
+    assert (constraints, pack) == ("=r,=r,=r,=r,=r,=r,=r,=r,r,r" + ",r" * 16, 2)
+    a, b = _word_pairs()
+    tables = {f"${10 + 2 * i + j}": np.full_like(a, w) for i, w in enumerate(_codebook_words(codebook)) for j in range(2)}
+    out = run_ptx(asm, {"$8": a, "$9": b, **tables})
+    bits = (codebook.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+    ok = True
+    for n in range(8):
+        shift = 4 * n
+        ok &= np.array_equal(out.get(f"${n}"), bits[(a >> shift) & 15] | bits[(b >> shift) & 15] << 16)
+    return ok
+
+
 def check_unpack_v(asm, mid):
     """Outputs as check_unpack_k's, fp16 levels n - mid."""
     out = run_ptx(asm, {"$4": WORDS})
@@ -191,10 +206,16 @@ def source():
 
 
 @pytest.mark.parametrize("name,codebook", _codebooks(), ids=lambda x: x if isinstance(x, str) else "")
-def test_k_unpack_looks_up_every_nibble_pair(source, name, codebook):
-    asm, constraints, pack = _inline_asm(source, "_unpack_k")
+def test_k_unpack_looks_up_every_nibble_pair(name, codebook):
+    asm, constraints, pack = _inline_asm(SHARED_TILE.read_text(), "_unpack_k")
     assert pack == 4
     assert check_unpack_k(asm, constraints, pack, codebook), name
+
+
+@pytest.mark.parametrize("name,codebook", _codebooks(), ids=lambda x: x if isinstance(x, str) else "")
+def test_k_pair_unpack_looks_up_every_nibble_of_both_words(source, name, codebook):
+    asm, constraints, pack = _inline_asm(source, "_unpack_k_pairs")
+    assert check_unpack_k_pairs(asm, constraints, pack, codebook), name
 
 
 def _v_level_mid(source: str) -> int:
@@ -223,6 +244,10 @@ def test_v_unpack_gives_every_centred_level():
         ("_unpack_k", "lop3.b32 low, a, b, upper, 0xD8", "lop3.b32 low, a, b, upper, 0xE4"),  # halves swapped
         ("_unpack_k", "shr.b32 word, $4, 16", "shr.b32 word, $4, 8"),  # the second half from the wrong bytes
         ("_unpack_k", "prmt.b32 $3, low, high, 0x7351", "prmt.b32 $2, low, high, 0x7351"),  # an output written twice
+        ("_unpack_k_pairs", "$8, $9, 0x51", "$9, $8, 0x51"),  # the two words swapped in one pair
+        ("_unpack_k_pairs", "$8, $9, 0x62", "$8, $9, 0x51"),  # byte 2 never read
+        ("_unpack_k_pairs", "prmt.b32 a, $18, $20, sel", "prmt.b32 a, $18, $18, sel"),  # a table word lost
+        ("_unpack_k_pairs", "prmt.b32 $5, low, high, 0x7351", "prmt.b32 $4, low, high, 0x7351"),  # an output written twice
         ("_unpack_v", "0xFFF0FFF0", "0xFFF8FFF8"),  # part of the low nibble kept in the high level
         ("_unpack_v", "sub.f16x2 t, whole, low_offset", "sub.f16x2 t, low_offset, whole"),
         ("_unpack_v", "exponent, 0x4342", "exponent, 0x4140"),  # bytes 2 and 3 never read
@@ -234,7 +259,7 @@ def test_v_unpack_gives_every_centred_level():
 )
 def test_planted_ptx_bugs_fail(source, function, old, new):
     """Each planted bug, in one place (the first where the text occurs twice), fails the check."""
-    if function == "_unpack_v":
+    if function in ("_unpack_v", "_unpack_k"):
         source = SHARED_TILE.read_text()
     asm, constraints, pack = _inline_asm(source, function)
     assert asm.count(old) >= 1, old
@@ -243,6 +268,8 @@ def test_planted_ptx_bugs_fail(source, function, old, new):
     mid = _v_level_mid(source)
     if function == "_unpack_k":
         ok = check_unpack_k(bad, constraints, pack, codebook)
+    elif function == "_unpack_k_pairs":
+        ok = check_unpack_k_pairs(bad, constraints, pack, codebook)
     elif function == "_unpack_v_words":
         ok = check_unpack_v_words(bad, constraints, pack, mid)
     else:
@@ -252,12 +279,13 @@ def test_planted_ptx_bugs_fail(source, function, old, new):
 
 def test_every_decode_variant_ships_the_same_ptx():
     """The PTX is variant-independent (4-bit fields, 16 centroids): one exhaustive run covers all.
-    Every variant has _unpack_k; the chunked ones _unpack_v_words, the shared-tile ones _unpack_v."""
-    texts = {"_unpack_k": set(), "_unpack_v_words": set(), "_unpack_v": set()}
+    The chunked variants have _unpack_k_pairs and _unpack_v_words, the shared-tile ones _unpack_k
+    and _unpack_v."""
+    texts = {"_unpack_k_pairs": set(), "_unpack_v_words": set(), "_unpack_k": set(), "_unpack_v": set()}
     for p in (ROOT / "generated" / "tq_decode").glob("tq_decode_triton_*.py"):
         source = p.read_text()
         present = [f for f in texts if f"def {f}(" in source]
-        assert "_unpack_k" in present and len(present) == 2, (p.name, present)
+        assert present in (["_unpack_k_pairs", "_unpack_v_words"], ["_unpack_k", "_unpack_v"]), (p.name, present)
         for f in present:
             texts[f].add(_inline_asm(source, f)[0])
     assert all(len(t) == 1 for t in texts.values()), {f: len(t) for f, t in texts.items()}

@@ -55,7 +55,7 @@ def test_register_caps_hold(records):
 
 def test_a_ptx_typo_fails(tmp_path):
     source = (ROOT / "generated" / "tq_decode" / "tq_decode_triton_d64_qg4_bs16.py").read_text()
-    assert source.count("lop3.b32 high, a, b, upper, 0xD8;") == 2
+    assert source.count("lop3.b32 high, a, b, upper, 0xD8;") == 4  # once per byte in _unpack_k_pairs
     bad = tmp_path / "tq_decode_triton_d64_qg4_bs16.py"
     bad.write_text(source.replace("lop3.b32 high, a, b, upper, 0xD8;", "lop3.b32 high, a, b, upper;", 1))
     (decode,) = [r for r in compile_sm90(bad) if r["kernel"].endswith("_bs16_kernel")]

@@ -64,14 +64,18 @@ def test_head_dim_shapes_the_derived_numbers(sources):
         assert c["PAIRS"] == d // 2
         if variant.values["kind"] == "decode":
             assert c["TILE_TOKENS"] == 128 and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
-            # the register cap up to d128's tile of packed bytes (d256 spills under it)
-            assert c["MAX_REGISTERS"] == {64: 128, 128: 128, 256: None}[d]
+            # the register cap up to d128's tile of packed bytes (d256 spills under it); the
+            # chunked d128 loop holds the next tile's K in registers: 168, 3 programs an SM
+            chunked_d128 = d == 128 and c["QG"] <= 8
+            assert c["MAX_REGISTERS"] == (168 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
+            assert c["PROGRAMS_PER_SM"] == {168: 3, 128: 4, None: 2}[c["MAX_REGISTERS"]]
             # one softmax state per warp up to 8 query heads, with the lane plan of d64 and d128
             # (one or two V words per lane); d256 measured slower with it (session 16)
             assert c["CHUNKED"] == (c["QG"] <= 8 and d <= 128)
             if c["CHUNKED"]:
                 assert c["Q_COLS"] == 8 and c["CHUNKS"] == c["NUM_WARPS"] and c["TILE_TOKENS"] // c["CHUNKS"] == 32
                 assert (c["K_VEC"], c["V_WORDS"]) == (d // 8, d // 64)
+                assert (c["K_WORDS"], c["QK_STEPS"], c["STEP_PAIRS"]) == (d // 32, d // 64, 32)
                 assert c["NUM_STAGES"] == 1 and "Q_ROWS" not in c
             else:
                 assert c["Q_ROWS"] == 16 and c["NUM_STAGES"] == 2 and "Q_COLS" not in c
@@ -92,6 +96,8 @@ def test_generated_code_is_self_contained_and_derived(sources):
         # the standard library, torch and triton only: a generated module runs without kgen
         assert imported <= {"functools", "math", "os", "torch", "triton"}, (name, imported)
         kernel = text[text.index(f"def {name}_kernel(") :]
+        if "def _load_k_tile(" in text:  # the chunked form loads K and the metadata in a helper
+            kernel = text[text.index("def _load_k_tile(") :]
         # 64-bit arithmetic exactly where the plan proves it is needed: the cache block's base,
         # and the out_parts base when QG * HEAD_DIM makes it pass 2^31 at the declared maxima.
         plan = tq_decode.lower(SPEC, VARIANTS[name])
@@ -99,7 +105,8 @@ def test_generated_code_is_self_contained_and_derived(sources):
         wide = [line.strip() for line in kernel.splitlines() if "tl.int64" in line and "token.to(tl.int64)" not in line]
         expected = ["block.to(tl.int64) * NUM_KV_HEADS * "]
         if VARIANTS[name].values["kind"] == "decode" and plan.consts["CHUNKED"]:
-            # the chunked form's K and V loads form their own blocks' bases (one per 16-token run)
+            # the chunked form's K and V loads form their own blocks' bases (one per 16-token run);
+            # the helper that loads K and the metadata comes first
             expected += ["+ (k_block.to(tl.int64) * NUM_KV_HEADS * ", "+ (v_block.to(tl.int64) * NUM_KV_HEADS * "]
         if VARIANTS[name].values["kind"] == "decode" and bits["out_parts_base"] == 64:
             expected.append("seq.to(tl.int64) * NUM_KV_HEADS * NUM_PARTITIONS * ")
@@ -165,11 +172,12 @@ def test_host_checks_of_the_shared_code(modules):
     assert len(results) == 4 and not _failures(results), _failures(results)
 
 
-def test_decode_partitions_fill_one_wave_and_cover_the_table(modules, monkeypatch):
-    """decode_partitions halves partition_plan's P while the grid still fills one wave of resident
-    programs; every choice stays a power of two that covers the table."""
+def test_decode_partitions_fill_half_a_wave_and_cover_the_table(modules, monkeypatch):
+    """decode_partitions halves partition_plan's P while the halved grid still fills half a wave
+    of resident programs; every choice stays a power of two that covers the table."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert mod.PROGRAMS_PER_SM == 4  # 65536 registers / (128 threads x 128)
+    assert mod.PROGRAMS_PER_SM == 3  # 65536 registers / (128 threads x 168)
+    assert modules["tq_decode_triton_d64_qg4_bs16"].PROGRAMS_PER_SM == 4  # 128 registers
     assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
     cpu = torch.device("cpu")
     assert mod.decode_partitions(2048, 1, 8, cpu) == mod.partition_plan(2048)  # no coarsening off the GPU
@@ -180,10 +188,10 @@ def test_decode_partitions_fill_one_wave_and_cover_the_table(modules, monkeypatc
             for seqs, heads in ((1, 1), (1, 8), (3, 2), (16, 8), (64, 8), (1024, 64)):
                 p, tgpp = mod.decode_partitions(width, seqs, heads, cpu)
                 assert p & (p - 1) == 0 and 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS
-                if p < shared_p:  # coarsened: still a full wave, and half of it would not be
-                    assert seqs * heads * p >= resident and (p == 1 or seqs * heads * (p // 2) < resident)
+                if p < shared_p:  # coarsened: still half a wave, and half of it would not be
+                    assert 2 * seqs * heads * p >= resident and (p == 1 or 2 * seqs * heads * (p // 2) < resident)
                 else:
-                    assert p == 1 or seqs * heads * (p // 2) < resident
+                    assert p == 1 or 2 * seqs * heads * (p // 2) < resident
 
 
 def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch):
@@ -359,11 +367,18 @@ def _planted(sources, tmp_path, name, old, new, count=1):
 
 
 def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
-    """Swapped nibble order (in the interpreter's arm of _unpack_k; tests/test_tq_ptx_unpack.py
-    plants bugs in the PTX arm), then the V scale read from the K norm's field."""
+    """Swapped nibble order (in the interpreter's arm of _unpack_k_pairs; tests/test_tq_ptx_unpack.py
+    plants bugs in the PTX arm), q's reduction order off the K lanes' (two bytes of a word
+    swapped), the next tile's K loaded at this tile's tokens, then the V scale read from the K
+    norm's field."""
     name = "tq_decode_triton_d128_qg8_bs16"
-    swapped = _planted(sources, tmp_path, name, "codebook_ptr, k_packed & NIBBLE_MASK,", "codebook_ptr, k_packed >> NIBBLE_BITS,")
+    swapped = _planted(sources, tmp_path, name, "(words >> 0 * NIBBLE_BITS) & NIBBLE_MASK", "(words >> 1 * NIBBLE_BITS) & NIBBLE_MASK")
     assert _failures(verify_tq.check_decode(swapped, SPEC, "cpu", extra_cases=False))
+    old_order, new_order = "+ ((pair >> 4) & 1) * 2\n        + ((pair >> 1) & 1)", "+ ((pair >> 1) & 1) * 2\n        + ((pair >> 4) & 1)"
+    misordered = _planted(sources, tmp_path, name, old_order, new_order, count=2)
+    assert _failures(verify_tq.check_decode(misordered, SPEC, "cpu", extra_cases=False))
+    stale = _planted(sources, tmp_path, name, "chunk_start + TILE_TOKENS,", "chunk_start + 0 * TILE_TOKENS,")
+    assert _failures(verify_tq.check_decode(stale, SPEC, "cpu", extra_cases=False))
     plan = tq_decode.lower(SPEC, VARIANTS[name])
     wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")
     assert _failures(verify_tq.check_decode(wrong_field, SPEC, "cpu", extra_cases=False))

@@ -11,7 +11,10 @@ kernels work on the even and odd halves of head_dim separately (q_even . C[lo] +
 In the chunked form the loads are shaped so that Triton's layouts put every byte in the lane
 the MMA operand needs it in (`_chunk_lanes`): the reduction order of QK is renumbered to the K
 loads' byte order (q is loaded in that order), and PV's rows are head_dim elements in the V
-loads' order (the store undoes it), so neither operand goes through shared memory.
+loads' order (the store undoes it), so neither operand goes through shared memory. The loop loads
+K (as int32 words) and the per-token metadata one tile ahead, into registers, and unpacks K two
+words per call, pairing the same nibble of both words in one register: QK's reduction numbers
+those as neighbouring elements, the pairs the MMA operand holds.
 
 Every address the kernels form is printed here from the shared lowering's sympy offsets (cache
 block stride, field offsets per slot and kv head, tensor bases), each with the int width that
@@ -60,6 +63,15 @@ CHUNK_HEAD_DIM_STEP = 64
 CHUNK_MAX_V_WORDS = 2
 CHUNKED_MIN_N = 8  # the query heads are padded to at least mma.sync's N of 8
 CHUNKED_STAGES = 1
+# The chunked loop loads K (and the per-token metadata) a tile ahead, into registers, and runs QK
+# two K words per lane at a time and PV one V word at a time, so fewer unpacked values are live
+# (session 17, H200, decode kernel alone, d128 qg8 at Hk=8, lab A/B against session 16's loop:
+# 16 x 32K 314.9 -> 251.9 us, 64 x 32K 1061.4 -> 937.8, 1 x 32K 31.1 -> 26.0, 1 x 1K 9.2 -> 7.5).
+# Registers per thread by K words per lane: d128 (4 words) needs ~165, so capped at 168 3 programs
+# share an SM (capped at 128, 4 programs, it spills and runs at 0.93-1.01x of session 16's loop);
+# d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 4 programs fit.
+CHUNKED_MAX_REGISTERS = {2: 128, 4: 168}
+K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
 # values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
 # 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
@@ -103,13 +115,16 @@ def lower_kernel(ctx):
     tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
     if tile < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
-    max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     # A warp's chunk is PV's K, so it must reach tl.dot's minimum K (head dims past 256 take shorter tiles).
     chunk = tile // DECODE_WARPS
     chunked = (
         qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0
         and d % CHUNK_HEAD_DIM_STEP == 0 and pairs // 32 <= CHUNK_MAX_V_WORDS
     )
+    if chunked:
+        max_registers = CHUNKED_MAX_REGISTERS[pairs // 16]  # by K words per lane (4 lanes a record)
+    else:
+        max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
     consts = {
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
@@ -123,7 +138,7 @@ def lower_kernel(ctx):
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": DECODE_WARPS,  # warps per program
         "NUM_STAGES": CHUNKED_STAGES if chunked else DECODE_STAGES,  # pipeline depth of the tile loop
-        # registers per thread, so that 4 programs share an SM (None: as many as the compiler wants)
+        # registers per thread, so that PROGRAMS_PER_SM programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
         "PROGRAMS_PER_SM": REGISTERS_PER_SM // (32 * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
@@ -290,8 +305,12 @@ def _chunk_lanes(ctx, pairs: int) -> dict:
     max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
     if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
         raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
+    k_words = pairs // 4 // 4
     return {
         "K_VEC": pairs // 4,  # contiguous bytes of a K record per lane
+        "K_WORDS": k_words,  # ... as int32 words
+        "QK_STEPS": k_words // K_WORDS_PER_STEP,  # QK's reduction in steps of two words per lane
+        "STEP_PAIRS": K_WORDS_PER_STEP * 4 * 4,  # record bytes per step: 2 words x 4 bytes x 4 lanes
         "V_WORDS": v_words,  # int32 words of a V record per lane
         "LANE_ZERO_BOUND": f"7 * {max_blocks} = {7 * max_blocks} < 2^31",
     }
