@@ -200,14 +200,16 @@ def lower_kernel(ctx):
         else f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)"
     )
     mma = (
-        f"QK: K . q_even^T + K . q_odd^T per chunk (batched tl.dot, [{chunk} x {pairs}] . [{pairs} x {q_rows}]); PV: V^T . P'^T into a [{d} x {q_rows}] fp32 accumulator per chunk, merged after the loop"
+        f"QK: K . q_even^T + K . q_odd^T per chunk in {consts['QK_STEPS']} step(s) of two K words per lane (batched tl.dot, [{chunk} x {consts['STEP_PAIRS']}] . [{consts['STEP_PAIRS']} x {q_rows}]);"
+        f" PV: V^T . P'^T per V word into {consts['V_WORDS']} [{d // consts['V_WORDS']} x {q_rows}] fp32 accumulator(s) per chunk, merged after the loop"
         if chunked
         else f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators"
     )
     loads = (
         (
-            f"K: each token's {pairs} B record over 4 lanes, {pairs // 4} contiguous bytes each (lane quad q holds bytes [q*{pairs // 4}, (q+1)*{pairs // 4})), 8 tokens over the other lane bits, a chunk per warp;"
-            f" QK's reduction runs over bytes in that order (k_byte). V: each record over 8 lanes of {pairs // 32} int32 word(s), 4 tokens over the other lane bits; PV's rows are head_dim in that order (v_elem)",
+            f"K: each token's {pairs} B record over 4 lanes, {pairs // 4} contiguous bytes ({pairs // 16} int32 words) each (lane quad q holds bytes [q*{pairs // 4}, (q+1)*{pairs // 4})), 8 tokens over the other lane bits, a chunk per warp,"
+            f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte)."
+            f" V: each record over 8 lanes of {pairs // 32} int32 word(s), 4 tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
         )
         if chunked
         else ()
