@@ -72,6 +72,9 @@ CHUNKED_STAGES = 1
 # d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 4 programs fit.
 CHUNKED_MAX_REGISTERS = {2: 128, 4: 168}
 K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
+K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
+V_LANES = 8  # lanes holding one token's V record
+WORD_BYTES = 4  # bytes of the int32 words the loads and the unpacking work on
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
 # values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
 # 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
@@ -119,10 +122,11 @@ def lower_kernel(ctx):
     chunk = tile // DECODE_WARPS
     chunked = (
         qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0
-        and d % CHUNK_HEAD_DIM_STEP == 0 and pairs // 32 <= CHUNK_MAX_V_WORDS
+        and d % CHUNK_HEAD_DIM_STEP == 0 and _words_per_lane(pairs)[1] <= CHUNK_MAX_V_WORDS
     )
+    lanes = _chunk_lanes(ctx, pairs) if chunked else {}
     if chunked:
-        max_registers = CHUNKED_MAX_REGISTERS[pairs // 16]  # by K words per lane (4 lanes a record)
+        max_registers = CHUNKED_MAX_REGISTERS[lanes["K_WORDS"]]
     else:
         max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
@@ -143,7 +147,7 @@ def lower_kernel(ctx):
         # resident programs per SM at that budget: the wave the host's partition choice fills
         "PROGRAMS_PER_SM": REGISTERS_PER_SM // (32 * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
         **_v_unpack_constants(ctx),
-        **(_chunk_lanes(ctx, pairs) if chunked else {}),
+        **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
         "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
@@ -207,9 +211,9 @@ def lower_kernel(ctx):
     )
     loads = (
         (
-            f"K: each token's {pairs} B record over 4 lanes, {pairs // 4} contiguous bytes ({pairs // 16} int32 words) each (lane quad q holds bytes [q*{pairs // 4}, (q+1)*{pairs // 4})), 8 tokens over the other lane bits, a chunk per warp,"
+            f"K: each token's {pairs} B record over {K_LANES} lanes, {lanes['K_VEC']} contiguous bytes ({lanes['K_WORDS']} int32 words) each (lane quad q holds bytes [q*{lanes['K_VEC']}, (q+1)*{lanes['K_VEC']})), 8 tokens over the other lane bits, a chunk per warp,"
             f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte)."
-            f" V: each record over 8 lanes of {pairs // 32} int32 word(s), 4 tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
+            f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), 4 tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
         )
         if chunked
         else ()
@@ -298,21 +302,25 @@ def _cache_fields(out: _Printer, off) -> dict[str, str]:
     }
 
 
+def _words_per_lane(pairs: int) -> tuple[int, int]:
+    """(int32 words of a K record per lane, of a V record per lane) in the chunked form."""
+    return pairs // (K_LANES * WORD_BYTES), pairs // (V_LANES * WORD_BYTES)
+
+
 def _chunk_lanes(ctx, pairs: int) -> dict:
-    """The chunked form's lane plan: bytes of a K record per lane (4 lanes a token) and int32 words
-    of a V record per lane (8 lanes a token); and the bound behind its lane-dependent zero."""
-    v_words = pairs // 4 // 8
+    """The chunked form's lane plan: bytes of a K record per lane (K_LANES lanes a token) and int32
+    words of a V record per lane (V_LANES lanes a token); and the bound behind its lane-dependent zero."""
+    k_words, v_words = _words_per_lane(pairs)
     if not 1 <= v_words <= CHUNK_MAX_V_WORDS or v_words & (v_words - 1):
         raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over 8 lanes of 1 or 2 int32 words, not {pairs / 32:g}", "head_dim 64 or 128")
     max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
     if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
         raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
-    k_words = pairs // 4 // 4
     return {
-        "K_VEC": pairs // 4,  # contiguous bytes of a K record per lane
+        "K_VEC": k_words * WORD_BYTES,  # contiguous bytes of a K record per lane
         "K_WORDS": k_words,  # ... as int32 words
         "QK_STEPS": k_words // K_WORDS_PER_STEP,  # QK's reduction in steps of two words per lane
-        "STEP_PAIRS": K_WORDS_PER_STEP * 4 * 4,  # record bytes per step: 2 words x 4 bytes x 4 lanes
+        "STEP_PAIRS": K_WORDS_PER_STEP * WORD_BYTES * K_LANES,  # record bytes per QK step
         "V_WORDS": v_words,  # int32 words of a V record per lane
         "LANE_ZERO_BOUND": f"7 * {max_blocks} = {7 * max_blocks} < 2^31",
     }
