@@ -89,9 +89,16 @@ MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
 # per program in 4 warps, the rotation streamed 32 rows at a time through a tf32x3 tl.dot (fp32-accurate).
 # H200, 2026-11-30: 7.5 us for 64 or 4096 rows against 10.5-16.4 us for torch's three kernels;
 # an fp32 FMA dot ("ieee") takes 9-47 us and whole-matrix operands spill.
+# The chunks' loads go through a software pipeline up to ROTATE_MAX_STAGES deep, so they are in
+# flight together: unrolled, each chunk's loads waited for the previous chunk's MMAs (one cold
+# round trip per chunk). H200, 2026-12-03, d128, cold L2 (lab A/B, same bits): 64 rows 6.1 -> 4.1 us,
+# 1024 rows 6.5 -> 3.8, 4096 rows 7.2 -> 6.0; 2 stages 5.6-6.7; 64 rows per program 14-20 us; the
+# whole rotation loaded at once spills at 4 warps and takes 4.7-8.6 us at 8. Four stages of a d256
+# chunk (32 x 256 fp32) take 132 KB of shared memory.
 ROTATE_ROWS = MIN_DOT
 ROTATE_CHUNK = 32
 ROTATE_WARPS = 4
+ROTATE_MAX_STAGES = 4
 # Store schedule: 16 tokens per program, rotation columns in blocks of 64 x 64 elements (tf32x3
 # dots), 4 warps. H200, 2026-11-30 (benchmarks/tq_store_schedules.py, Hk=8, BS 16): 4 warps
 # against 8 take a 64-token step from 22.6 to 10.8 us at d64, 30.7 to 20.6 at d128, 99.9 to 81.9
@@ -150,6 +157,7 @@ def lower_kernel(ctx):
         **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
         "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
+        "ROTATE_STAGES": min(ROTATE_MAX_STAGES, max(d // ROTATE_CHUNK, 1)),  # rotation chunks loaded at once
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
     }
 
