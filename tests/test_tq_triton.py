@@ -79,6 +79,10 @@ def test_head_dim_shapes_the_derived_numbers(sources):
                 assert c["NUM_STAGES"] == 1 and "Q_ROWS" not in c
             else:
                 assert c["Q_ROWS"] == 16 and c["NUM_STAGES"] == 2 and "Q_COLS" not in c
+            # the q rotation's 32-row chunks all in flight up to 4 of them (d256: 4 x 33 KB of
+            # shared memory), and the kernel's loop pipelined that deep
+            assert (c["ROTATE_CHUNK"], c["ROTATE_STAGES"]) == (32, {64: 2, 128: 4, 256: 4}[d])
+            assert "tl.range(0, HEAD_DIM, ROTATE_CHUNK, num_stages=ROTATE_STAGES)" in sources[name][1]
         else:
             assert (c["ROT_COLS"], c["COL_BLOCKS"]) == {64: (32, 1), 128: (64, 1), 256: (32, 4)}[d]
         text = sources[name][1]
