@@ -278,7 +278,7 @@ def test_merge_with_empty_partitions_and_odd_partition_counts(modules):
         empty[0, 0] = True  # every partition of these heads empty -> zeros
         maxes[empty] = -math.inf
         # An empty partition weighs nothing whatever its other entries hold (the kernel loads them
-        # with the max, then zeroes them): garbage there must not reach the output.
+        # with the max, then tl.where drops them): garbage there must not reach the output.
         sums[empty] = float("nan")
         parts[empty] = float("nan")
         out = mod.merge_partitions(parts, sums, maxes, torch.empty(3, 2 * mod.QG, 128, dtype=torch.bfloat16))

@@ -75,6 +75,7 @@ K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs
 K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
 V_LANES = 8  # lanes holding one token's V record
 WORD_BYTES = 4  # bytes of the int32 words the loads and the unpacking work on
+WARP_LANES = 32  # threads of an NVIDIA warp; the lanes a record does not take hold other tokens
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
 # values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
 # 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
@@ -137,6 +138,7 @@ def lower_kernel(ctx):
     else:
         max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
+    rotate_chunk = min(ROTATE_CHUNK, d)
     consts = {
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
         # QG query heads padded to a power of two: the MMAs' N when chunked, else >= tl.dot's 16 rows
@@ -152,12 +154,12 @@ def lower_kernel(ctx):
         # registers per thread, so that PROGRAMS_PER_SM programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
-        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (32 * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
+        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (WARP_LANES * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
         **_v_unpack_constants(ctx),
         **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
-        "ROTATE_CHUNK": min(ROTATE_CHUNK, d),  # rotation rows per tl.dot step
-        "ROTATE_STAGES": min(ROTATE_MAX_STAGES, max(d // ROTATE_CHUNK, 1)),  # rotation chunks loaded at once
+        "ROTATE_CHUNK": rotate_chunk,  # rotation rows per tl.dot step
+        "ROTATE_STAGES": min(ROTATE_MAX_STAGES, d // rotate_chunk),  # rotation chunks loaded at once
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
     }
 
@@ -219,9 +221,9 @@ def lower_kernel(ctx):
     )
     loads = (
         (
-            f"K: each token's {pairs} B record over {K_LANES} lanes, {lanes['K_VEC']} contiguous bytes ({lanes['K_WORDS']} int32 words) each (lane quad q holds bytes [q*{lanes['K_VEC']}, (q+1)*{lanes['K_VEC']})), 8 tokens over the other lane bits, a chunk per warp,"
+            f"K: each token's {pairs} B record over {K_LANES} lanes, {lanes['K_VEC']} contiguous bytes ({lanes['K_WORDS']} int32 words) each (lane quad q holds bytes [q*{lanes['K_VEC']}, (q+1)*{lanes['K_VEC']})), {WARP_LANES // K_LANES} tokens over the other lane bits, a chunk per warp,"
             f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte)."
-            f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), 4 tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
+            f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), {WARP_LANES // V_LANES} tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
         )
         if chunked
         else ()
@@ -320,7 +322,7 @@ def _chunk_lanes(ctx, pairs: int) -> dict:
     words of a V record per lane (V_LANES lanes a token); and the bound behind its lane-dependent zero."""
     k_words, v_words = _words_per_lane(pairs)
     if not 1 <= v_words <= CHUNK_MAX_V_WORDS or v_words & (v_words - 1):
-        raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over 8 lanes of 1 or 2 int32 words, not {pairs / 32:g}", "head_dim 64 or 128")
+        raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over {V_LANES} lanes of 1 or 2 int32 words, not {pairs / (V_LANES * WORD_BYTES):g}", "head_dim 64 or 128")
     max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
     if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
         raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
