@@ -126,7 +126,7 @@ REFUSALS = [
     (dict(axes={"head_dim": [4096], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [4096]",
      "leaves 8-token tiles within the 16384-byte packed tile budget, below tl.dot's minimum N of 16; nearest that works: 2048"),
     (dict(axes={"head_dim": [1024], "QG": [8], "BS": [16]}, backends=["triton"]), "variants.axes.head_dim", "head_dim: [1024]",
-     "leaves 8-column rotation blocks within 4096 elements, below tl.dot's minimum N of 16; nearest that works: 512"),
+     "leaves 8-column rotation blocks within 8192 elements, below tl.dot's minimum N of 16; nearest that works: 512"),
     # block size, index widths, target, packing, codebook size
     (dict(axes={"head_dim": [128], "QG": [8], "BS": [24]}), "variants.axes.BS", "BS: [24]", "BS 24 must be a multiple of TILE 16"),
     (dict(old="Hk:        {max: 64,", new="Hk:        {max: 1000000,", axes={"head_dim": [128], "QG": [8], "BS": [32]}), "dims", None,

@@ -84,7 +84,9 @@ def test_head_dim_shapes_the_derived_numbers(sources):
             assert (c["ROTATE_CHUNK"], c["ROTATE_STAGES"]) == (32, {64: 2, 128: 4, 256: 4}[d])
             assert "tl.range(0, HEAD_DIM, ROTATE_CHUNK, num_stages=ROTATE_STAGES)" in sources[name][1]
         else:
-            assert (c["ROT_COLS"], c["COL_BLOCKS"]) == {64: (32, 1), 128: (64, 1), 256: (32, 4)}[d]
+            # rotation columns in blocks of 8192 fp32 elements, two blocks' loads in flight at once
+            assert (c["ROT_PAIRS"], c["COL_BLOCKS"], c["ROT_STAGES"]) == {64: (32, 1, 1), 128: (32, 2, 2), 256: (16, 8, 2)}[d]
+            assert "tl.range(0, COL_BLOCKS, num_stages=ROT_STAGES)" in sources[name][1]
         text = sources[name][1]
         if variant.values["kind"] == "store":
             # ptxas's own register choice gave d256 32 registers and 3x the time (H200, session 7)
@@ -418,7 +420,7 @@ def test_planted_store_bugs_fail_the_check(sources, tmp_path):
 
 
 def test_planted_head_dim_256_store_bug_fails_the_check(sources, tmp_path):
-    """head_dim 256 quantizes keys in 4 blocks of rotation columns: every block rotated and
+    """head_dim 256 quantizes keys in 8 blocks of rotation columns: every block rotated and
     stored at the first block's columns is caught."""
-    first_block_only = _planted(sources, tmp_path, "tq_store_d256_bs16", "col = block_cols * ROT_COLS", "col = 0 * ROT_COLS")
+    first_block_only = _planted(sources, tmp_path, "tq_store_d256_bs16", "col = col_block * ROT_PAIRS + block_pair", "col = 0 * ROT_PAIRS + block_pair")
     assert all(not r["ok"] for r in verify_tq.check_store(first_block_only, SPEC, "cpu"))

@@ -100,18 +100,23 @@ ROTATE_ROWS = MIN_DOT
 ROTATE_CHUNK = 32
 ROTATE_WARPS = 4
 ROTATE_MAX_STAGES = 4
-# Store schedule: 16 tokens per program, rotation columns in blocks of 64 x 64 elements (tf32x3
-# dots), 4 warps. H200, 2026-11-30 (benchmarks/tq_store_schedules.py, Hk=8, BS 16): 4 warps
-# against 8 take a 64-token step from 22.6 to 10.8 us at d64, 30.7 to 20.6 at d128, 99.9 to 81.9
-# at d256; in bulk 22.6 -> 16.5, 64.0 -> 54.2, 332 -> 308 ns per token. 32 or 64 tokens per
-# program run out of shared memory or spill at d256 and are slower per step at d128.
+# Store schedule: 16 tokens per program, 4 warps; whole k and v rows loaded (vector loads), y =
+# x . rotation in tf32x3 dots over blocks of at most ROT_BLOCK_ELEMENTS rotation elements, the
+# blocks' loads software-pipelined ROT_MAX_STAGES deep. H200, 2026-12-03, d128, cold L2 (lab A/B,
+# Hk 8): a 64-token step 20.6 -> 11.3 us and bulk 55.1 -> 18.8 ns per token against the earlier
+# even/odd-split schedule (four [64 x 64] blocks of stride-2 rotation columns whose loads waited
+# for the codebook); blocks of 32 columns (4 at d128) took 13.2 us / 22.4 ns, 16 columns 18.7 /
+# 43.2; bucketizing against all midpoints at once (a [tokens x pairs x centroids] compare) 16.1 /
+# 25.8; 32 tokens per program 29.7 / 35.3 (spills). Session 5: 4 warps against 8 took a 64-token
+# step from 30.7 to 20.6 us at d128.
 STORE_WARPS = 4
 # Triton emits `.reqntid` and no register limit, so ptxas picks a register count for occupancy; at
 # d256 it settled on 32 registers and 6 KB of spills (3x slower on an H200, session 7; a small
 # change of the kernel body tips it either way). `.maxnreg` at the most a thread can address turns
 # that choice off: ptxas then uses the registers the code needs.
 STORE_MAX_REGISTERS = MAX_THREAD_REGISTERS
-ROT_BLOCK_ELEMENTS = 64 * 64  # ... so rotation columns are taken in blocks of at most this many elements
+ROT_BLOCK_ELEMENTS = 128 * 64  # rotation elements per block of columns (32 KB of fp32 per pipeline stage)
+ROT_MAX_STAGES = 2  # rotation column blocks whose loads are in flight at once
 
 
 def lower_kernel(ctx):
@@ -246,15 +251,14 @@ def lower_store(ctx):
     c = ctx.consts
     bs, levels = c["BS"], c["N_CENTROIDS"]
     per_byte, pairs = _packing(ctx)
-    if pairs < MIN_DOT:
-        raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} gives {pairs}-wide even/odd halves, below tl.dot's minimum K of {MIN_DOT}", f"nearest that works: {per_byte * MIN_DOT}")
-    rot_cols = min(pairs, ROT_BLOCK_ELEMENTS // pairs)
-    if rot_cols < MIN_DOT:
-        raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} leaves {rot_cols}-column rotation blocks within {ROT_BLOCK_ELEMENTS} elements, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * ROT_BLOCK_ELEMENTS // MIN_DOT}")
+    rot_pairs = min(pairs, ROT_BLOCK_ELEMENTS // (per_byte * c["HEAD_DIM"]))  # output pairs per block of columns
+    if per_byte * rot_pairs < MIN_DOT:
+        raise ctx.reject("dims.head_dim", f"head_dim {c['HEAD_DIM']} leaves {per_byte * rot_pairs}-column rotation blocks within {ROT_BLOCK_ELEMENTS} elements, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {ROT_BLOCK_ELEMENTS // MIN_DOT}")
     consts = {
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
-        "ROT_COLS": rot_cols,  # output pairs per block of rotation columns (two dots of K = PAIRS each)
-        "COL_BLOCKS": pairs // rot_cols,  # blocks of rotation columns per token
+        "ROT_PAIRS": rot_pairs,  # output pairs per block of rotation columns ([HEAD_DIM x 2 * ROT_PAIRS] fp32)
+        "COL_BLOCKS": pairs // rot_pairs,  # blocks of rotation columns per token
+        "ROT_STAGES": min(ROT_MAX_STAGES, pairs // rot_pairs),  # column blocks loaded at once
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
         "N_MIDPOINTS": levels - 1,  # decision boundaries between the sorted centroids
@@ -269,23 +273,15 @@ def lower_store(ctx):
     num_slots = ctx.ranges[S["num_blocks"]].hi * bs
     ranges = {**ctx.ranges, cache_slot: Range(0, num_slots - 1, "slot_mapping entry (negative ones are masked to 0)")}
     out = _Printer(ranges, {S["Hk"]: "NUM_KV_HEADS", phys: "block"}, (S["Hk"],))
-    pair = index_symbol("pair")
-    ranges[pair] = Range(0, pairs - 1, "byte of a packed record = element pair of head_dim")
-    col = index_symbol("col")
-    ranges[col] = Range(0, pairs - 1, "packed byte of a block of rotation columns")
     printed = {
-        "even": out("element", per_byte * pair),  # low nibble of byte `pair`
-        "odd": out("element", per_byte * pair + 1),  # high nibble
-        "col_even": out("element", per_byte * col),  # the same for the rotation's columns
-        "col_odd": out("element", per_byte * col + 1),
         "block": out("block", FloorDiv(cache_slot, bs)),
         "slot": out("slot", Mod(cache_slot, bs)),
         **_cache_fields(out, ctx.offsets),
     }
     p = printed
     mapping = (
-        f"program: {MIN_DOT} tokens of one kv head; k and v rows loaded as even and odd elements ({pairs} each)",
-        f"K: y = x . rotation in {pairs // rot_cols} block(s) of {rot_cols} output pairs (four [{pairs} x {rot_cols}] fp32 rotation blocks each), packed byte col"
+        f"program: {MIN_DOT} tokens of one kv head; whole k and v rows loaded, then split into even and odd elements (low and high nibbles)",
+        f"K: y = x . rotation in {pairs // rot_pairs} block(s) of {rot_pairs} output pairs ([{c['HEAD_DIM']} x {per_byte * rot_pairs}] fp32 rotation columns each), packed byte col"
         f" = elements {per_byte}*col (low nibble), {per_byte}*col+1 (high), stored at block base + ({p['k']}) + col",
         f"V: packed byte `pair` at block base + ({p['v']}) + pair; k_norm, v_scale, v_zero as fp16 at ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
     )
