@@ -207,8 +207,14 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
     monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)
     # the spec's first case (6 sequences, 2 kv heads, a 24-block table) now runs in 1 partition, not 4
     assert mod.decode_partitions(24, 6, 2, torch.device("cpu")) == (1, 4) and mod.partition_plan(24)[0] == 4
+    # A single partition is written straight into the output; only P > 1 runs the merge.
+    decoded, merged = [], []
+    launch, merge = mod.launch_decode_kernel, mod.merge_partitions
+    monkeypatch.setattr(mod, "launch_decode_kernel", lambda *a: decoded.append(a[5].shape[2]) or launch(*a))
+    monkeypatch.setattr(mod, "merge_partitions", lambda *a: merged.append(a[0].shape[2]) or merge(*a))
     results = verify_tq.check_decode(mod, SPEC, "cpu")
     assert not _failures(results), _failures(results)
+    assert 1 in decoded and merged == [p for p in decoded if p > 1], (decoded, merged)
 
 
 def _reusing_compiled(module, monkeypatch, *kernels):
