@@ -102,13 +102,13 @@ ROTATE_WARPS = 4
 ROTATE_MAX_STAGES = 4
 # Store schedule: 16 tokens per program, 4 warps; whole k and v rows loaded (vector loads), y =
 # x . rotation in tf32x3 dots over blocks of at most ROT_BLOCK_ELEMENTS rotation elements, the
-# blocks' loads software-pipelined ROT_MAX_STAGES deep. H200, 2026-12-03, d128, cold L2 (lab A/B,
-# Hk 8): a 64-token step 20.6 -> 11.3 us and bulk 55.1 -> 18.8 ns per token against the earlier
-# even/odd-split schedule (four [64 x 64] blocks of stride-2 rotation columns whose loads waited
-# for the codebook); blocks of 32 columns (4 at d128) took 13.2 us / 22.4 ns, 16 columns 18.7 /
-# 43.2; bucketizing against all midpoints at once (a [tokens x pairs x centroids] compare) 16.1 /
-# 25.8; 32 tokens per program 29.7 / 35.3 (spills). Session 5: 4 warps against 8 took a 64-token
-# step from 30.7 to 20.6 us at d128.
+# blocks' loads software-pipelined ROT_MAX_STAGES deep. H200, 2026-12-03, cold L2 (lab A/B, Hk 8),
+# against the earlier even/odd-split schedule (four [64 x 64] blocks of stride-2 rotation columns
+# whose loads waited for the codebook): a 64-token step 10.2 -> 6.3 us at d64, 20.5 -> 10.5 at
+# d128, 81.3 -> 30.5 at d256; bulk 18.5 -> 8.0, 55.2 -> 19.0, 301.6 -> 59.5 ns per token. At d128,
+# blocks of 32 columns (4 blocks) took 13.2 us / 22.4 ns, 16 columns 18.7 / 43.2; bucketizing
+# against all midpoints at once (a [tokens x pairs x centroids] compare) 16.1 / 25.8; 32 tokens per
+# program 29.7 / 35.3 (spills); 8 warps 10.0 / 31.3. At d256, 64-column blocks spill (36.5 / 76.5).
 STORE_WARPS = 4
 # Triton emits `.reqntid` and no register limit, so ptxas picks a register count for occupancy; at
 # d256 it settled on 32 registers and 6 KB of spills (3x slower on an H200, session 7; a small
