@@ -84,9 +84,13 @@ def test_head_dim_shapes_the_derived_numbers(sources):
             assert (c["ROTATE_CHUNK"], c["ROTATE_STAGES"]) == (32, {64: 2, 128: 4, 256: 4}[d])
             assert "tl.range(0, HEAD_DIM, ROTATE_CHUNK, num_stages=ROTATE_STAGES)" in sources[name][1]
         else:
-            # rotation columns in blocks of 8192 fp32 elements, two blocks' loads in flight at once
+            # rotation columns in blocks of 8192 fp32 elements, two blocks' loads in flight at once;
+            # small stores split a block of tokens' K over a divisor of COL_BLOCKS programs
             assert (c["ROT_PAIRS"], c["COL_BLOCKS"], c["ROT_STAGES"]) == {64: (32, 1, 1), 128: (32, 2, 2), 256: (16, 8, 2)}[d]
-            assert "tl.range(0, COL_BLOCKS, num_stages=ROT_STAGES)" in sources[name][1]
+            assert c["KEY_SPLITS"] == {64: (1,), 128: (1, 2), 256: (1, 2, 4, 8)}[d]
+            assert "tl.range(first_block, first_block + num_blocks, num_stages=ROT_STAGES)" in sources[name][1]
+            # one wave: 2 programs of 4 warps at 255 registers a thread fill an SM's 64K registers
+            assert c["PROGRAMS_PER_SM"] == 2
         text = sources[name][1]
         if variant.values["kind"] == "store":
             # ptxas's own register choice gave d256 32 registers and 3x the time (H200, session 7)
@@ -132,10 +136,28 @@ def test_decode_matches_reference(modules, name):
 @pytest.mark.parametrize("name", STORE)
 def test_store_bytes_match_reference(modules, name):
     """fp32/bf16/fp16 inputs, norm correction on and off, padding slots, exact ties, unsorted
-    centroids with an identity rotation, strided k/v: the bytes are identical here."""
-    results = verify_tq.check_store(modules[name], SPEC, "cpu")
+    centroids with an identity rotation, strided k/v, under every schedule (whole programs, K
+    split over each divisor of COL_BLOCKS with V apart): the bytes are identical here."""
+    mod = modules[name]
+    results = verify_tq.check_store(mod, SPEC, "cpu")
+    schedules = {r["case"].split("; ")[1] for r in results}
+    assert schedules == {"whole programs", "K over 1 program, V apart"} | {f"K over {n} programs, V apart" for n in mod.KEY_SPLITS[1:]}
     assert not _failures(results), _failures(results)
     assert all(r["detail"] == "bytes identical" for r in results), results
+
+
+def test_store_schedule_splits_small_stores_within_one_wave(modules):
+    """store_parts: the most K programs (a divisor of COL_BLOCKS, V apart) whose grid fits one wave
+    of resident programs; whole programs past that, off the GPU, and K whole under norm correction.
+    d256 (8 column blocks) at Hk 8 on a 132-SM H200 (264 resident programs)."""
+    parts = modules["tq_store_d256_bs16"].store_parts
+    # 16-token programs x 8 heads x (parts + 1) <= 264 at the edges of each size class
+    tokens = (1, 48, 49, 96, 97, 176, 177, 256, 257, 65536)
+    assert [parts(n, 8, False, 264) for n in tokens] == [8, 8, 4, 4, 2, 2, 1, 1, 0, 0]
+    assert [parts(tokens, 8, True, 264) for tokens in (1, 256, 257)] == [1, 1, 0]
+    assert parts(1, 8, False, 0) == 0  # no GPU (the interpreter): whole programs
+    assert [parts(1, hk, False, 264) for hk in (64, 88, 89, 132, 133)] == [2, 2, 1, 1, 0]
+    assert modules["tq_store_d64_bs16"].store_parts(1, 8, False, 264) == 1  # one column block: V apart only
 
 
 def test_store_skips_padding_slots_and_leaves_other_bytes(modules):

@@ -258,6 +258,8 @@ def lower_store(ctx):
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "ROT_PAIRS": rot_pairs,  # output pairs per block of rotation columns ([HEAD_DIM x 2 * ROT_PAIRS] fp32)
         "COL_BLOCKS": pairs // rot_pairs,  # blocks of rotation columns per token
+        # programs that may share one block of tokens' K (small stores): divisors of COL_BLOCKS
+        "KEY_SPLITS": tuple(n for n in range(1, pairs // rot_pairs + 1) if (pairs // rot_pairs) % n == 0),
         "ROT_STAGES": min(ROT_MAX_STAGES, pairs // rot_pairs),  # column blocks loaded at once
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "STORE_TOKENS": MIN_DOT,  # tokens per program: the M of the rotation's tl.dot
@@ -267,6 +269,7 @@ def lower_store(ctx):
         "V_SCALE_MIN": 1e-8,  # scale = max((max(v) - min(v)) / V_LEVELS, this), operators.md §2
         "NUM_WARPS": STORE_WARPS,  # warps per program
         "MAX_REGISTERS": STORE_MAX_REGISTERS,  # registers per thread (NVIDIA)
+        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (WARP_LANES * STORE_WARPS * STORE_MAX_REGISTERS),  # the store's one wave
     }
     S = ctx.sym
     phys, cache_slot = index_symbol("phys_block"), index_symbol("cache_slot")
@@ -280,7 +283,8 @@ def lower_store(ctx):
     }
     p = printed
     mapping = (
-        f"program: {MIN_DOT} tokens of one kv head; whole k and v rows loaded, then split into even and odd elements (low and high nibbles)",
+        f"program: {MIN_DOT} tokens of one kv head, K and V whole; or, for a store whose grid then fits one wave ({consts['PROGRAMS_PER_SM']} programs an SM), one part:"
+        f" K over a divisor of {pairs // rot_pairs} column block(s) per program, V in one of its own; whole k and v rows loaded, then split into even and odd elements (low and high nibbles)",
         f"K: y = x . rotation in {pairs // rot_pairs} block(s) of {rot_pairs} output pairs ([{c['HEAD_DIM']} x {per_byte * rot_pairs}] fp32 rotation columns each), packed byte col"
         f" = elements {per_byte}*col (low nibble), {per_byte}*col+1 (high), stored at block base + ({p['k']}) + col",
         f"V: packed byte `pair` at block base + ({p['v']}) + pair; k_norm, v_scale, v_zero as fp16 at ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",

@@ -396,37 +396,60 @@ STORE_CASES = (
 
 
 def check_store(module, spec, device: str) -> list[dict[str, Any]]:
-    bs, d, hk = module.BS, module.HEAD_DIM, 2
+    """Every case under every schedule the wrapper may pick (store_parts picks by size and GPU:
+    whole programs, or K split over KEY_SPLITS programs with V apart; norm correction keeps K
+    whole), each compared with the reference store's bytes."""
     results = []
     for i, case in enumerate(STORE_CASES):
-        g = torch.Generator().manual_seed(4000 + i)
-        num_tokens, num_blocks = 70, 8
-        k = torch.randn(num_tokens, 2 * hk, d, generator=g).to(case.dtype)
-        v = (torch.randn(num_tokens, 2 * hk, d, generator=g) * 3).to(case.dtype)
-        # Exact ties: k = e0 + e1 puts half of y (Hadamard) exactly on the middle midpoint 0.0,
-        # which goes to the smaller centroid; v on a 0.5 grid hits floor(x + 0.5) at exact halves.
-        k[0] = 0
-        k[0, :, 0] = k[0, :, 1] = 1.0
-        v[1] = (torch.arange(d) % 31 * 0.5).to(case.dtype)
-        k, v = (k[:, ::2], v[:, 1::2]) if case.strided else (k[:, :hk].contiguous(), v[:, :hk].contiguous())
-        slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
-        slots[5::9] = -1  # padding tokens (tokens 0 and 1 are kept)
-        slots = slots.to(case.slot_dtype)
-        centroids, rotation = ref.lloyd_max_centroids(d), ref.hadamard_rotation(d)
-        if case.unsorted_identity:
-            centroids, rotation = centroids[torch.randperm(len(centroids), generator=g)], torch.eye(d)
-        theirs = ref.allocate_cache(num_blocks, bs, hk, d)
-        ref.store(theirs, k, v, slots, block_size=bs, centroids=centroids, rotation=rotation,
-                  norm_correction=case.norm_correction)
-        ours = ref.allocate_cache(num_blocks, bs, hk, d).to(device)
-        module.tq_store(ours, k.to(device), v.to(device), slots.to(device), centroids.to(device), rotation.to(device),
-                        norm_correction=case.norm_correction)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        keep = slots >= 0
-        results.append(compare_store(case.label, ours.cpu(), theirs, k[keep], slots[keep].long(), centroids, rotation,
-                                     bs, hk, d, case.norm_correction))
+        for key_parts in (0, *module.KEY_SPLITS):
+            if case.norm_correction and key_parts > 1:
+                continue
+            with _forced_store_parts(module, key_parts):
+                results.append(_check_store_case(module, device, i, case, key_parts))
     return results
+
+
+@contextlib.contextmanager
+def _forced_store_parts(module, key_parts: int):
+    """The store module's schedule (store_parts) fixed to key_parts for the duration."""
+    chosen = module.store_parts
+    module.store_parts = lambda *args: key_parts
+    try:
+        yield
+    finally:
+        module.store_parts = chosen
+
+
+def _check_store_case(module, device: str, i: int, case: StoreCase, key_parts: int) -> dict[str, Any]:
+    bs, d, hk = module.BS, module.HEAD_DIM, 2
+    schedule = "whole programs" if key_parts == 0 else f"K over {key_parts} program{'s' * (key_parts > 1)}, V apart"
+    g = torch.Generator().manual_seed(4000 + i)
+    num_tokens, num_blocks = 70, 8
+    k = torch.randn(num_tokens, 2 * hk, d, generator=g).to(case.dtype)
+    v = (torch.randn(num_tokens, 2 * hk, d, generator=g) * 3).to(case.dtype)
+    # Exact ties: k = e0 + e1 puts half of y (Hadamard) exactly on the middle midpoint 0.0,
+    # which goes to the smaller centroid; v on a 0.5 grid hits floor(x + 0.5) at exact halves.
+    k[0] = 0
+    k[0, :, 0] = k[0, :, 1] = 1.0
+    v[1] = (torch.arange(d) % 31 * 0.5).to(case.dtype)
+    k, v = (k[:, ::2], v[:, 1::2]) if case.strided else (k[:, :hk].contiguous(), v[:, :hk].contiguous())
+    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
+    slots[5::9] = -1  # padding tokens (tokens 0 and 1 are kept)
+    slots = slots.to(case.slot_dtype)
+    centroids, rotation = ref.lloyd_max_centroids(d), ref.hadamard_rotation(d)
+    if case.unsorted_identity:
+        centroids, rotation = centroids[torch.randperm(len(centroids), generator=g)], torch.eye(d)
+    theirs = ref.allocate_cache(num_blocks, bs, hk, d)
+    ref.store(theirs, k, v, slots, block_size=bs, centroids=centroids, rotation=rotation,
+              norm_correction=case.norm_correction)
+    ours = ref.allocate_cache(num_blocks, bs, hk, d).to(device)
+    module.tq_store(ours, k.to(device), v.to(device), slots.to(device), centroids.to(device), rotation.to(device),
+                    norm_correction=case.norm_correction)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    keep = slots >= 0
+    return compare_store(f"{case.label}; {schedule}", ours.cpu(), theirs, k[keep], slots[keep].long(), centroids,
+                         rotation, bs, hk, d, case.norm_correction)
 
 
 def compare_store(label, ours, theirs, k, slots, centroids, rotation, bs, hk, d, norm_correction) -> dict[str, Any]:
