@@ -154,7 +154,7 @@ def test_store_schedule_splits_small_stores_within_one_wave(modules):
     # 16-token programs x 8 heads x (parts + 1) <= 264 at the edges of each size class
     tokens = (1, 48, 49, 96, 97, 176, 177, 256, 257, 65536)
     assert [parts(n, 8, False, 264) for n in tokens] == [8, 8, 4, 4, 2, 2, 1, 1, 0, 0]
-    assert [parts(tokens, 8, True, 264) for tokens in (1, 256, 257)] == [1, 1, 0]
+    assert [parts(n, 8, True, 264) for n in (1, 256, 257)] == [1, 1, 0]
     assert parts(1, 8, False, 0) == 0  # no GPU (the interpreter): whole programs
     assert [parts(1, hk, False, 264) for hk in (64, 88, 89, 132, 133)] == [2, 2, 1, 1, 0]
     assert modules["tq_store_d64_bs16"].store_parts(1, 8, False, 264) == 1  # one column block: V apart only
