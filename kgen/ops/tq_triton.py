@@ -159,7 +159,7 @@ def lower_kernel(ctx):
         # registers per thread, so that PROGRAMS_PER_SM programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
-        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (WARP_LANES * DECODE_WARPS * (max_registers or MAX_THREAD_REGISTERS)),
+        "PROGRAMS_PER_SM": _programs_per_sm(DECODE_WARPS, max_registers),
         **_v_unpack_constants(ctx),
         **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
@@ -269,7 +269,7 @@ def lower_store(ctx):
         "V_SCALE_MIN": 1e-8,  # scale = max((max(v) - min(v)) / V_LEVELS, this), operators.md §2
         "NUM_WARPS": STORE_WARPS,  # warps per program
         "MAX_REGISTERS": STORE_MAX_REGISTERS,  # registers per thread (NVIDIA)
-        "PROGRAMS_PER_SM": REGISTERS_PER_SM // (WARP_LANES * STORE_WARPS * STORE_MAX_REGISTERS),  # the store's one wave
+        "PROGRAMS_PER_SM": _programs_per_sm(STORE_WARPS, STORE_MAX_REGISTERS),  # the wave the store's split fills
     }
     S = ctx.sym
     phys, cache_slot = index_symbol("phys_block"), index_symbol("cache_slot")
@@ -290,6 +290,12 @@ def lower_store(ctx):
         f"V: packed byte `pair` at block base + ({p['v']}) + pair; k_norm, v_scale, v_zero as fp16 at ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
     )
     return KernelPart(consts=consts, proofs=(), printed=printed, mapping=mapping)
+
+
+def _programs_per_sm(warps: int, max_registers: int | None) -> int:
+    """Programs of `warps` warps an SM holds at once when each thread may take max_registers
+    registers (None: the most a thread can take): one wave is the SM count times this."""
+    return REGISTERS_PER_SM // (WARP_LANES * warps * (max_registers or MAX_THREAD_REGISTERS))
 
 
 class _Printer:
