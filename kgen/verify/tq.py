@@ -427,10 +427,13 @@ def _check_store_case(module, device: str, i: int, case: StoreCase, key_parts: i
     num_tokens, num_blocks = 70, 8
     k = torch.randn(num_tokens, 2 * hk, d, generator=g).to(case.dtype)
     v = (torch.randn(num_tokens, 2 * hk, d, generator=g) * 3).to(case.dtype)
-    # Exact ties: k = e0 + e1 puts half of y (Hadamard) exactly on the middle midpoint 0.0,
-    # which goes to the smaller centroid; v on a 0.5 grid hits floor(x + 0.5) at exact halves.
+    # Exact ties: k = e0 + e1 + e2 + e3 has norm 2, so x = k / (2 + eps) is exactly 0.5 and every
+    # product with a Hadamard entry is exact; three quarters of y then cancel to exactly 0.0, the
+    # middle midpoint, in any summation order and with or without FMA (e0 + e1 gave x = 1/sqrt(2),
+    # whose products round, and an FMA matmul then left y at +-1.6e-9 instead of on the tie). A
+    # tie goes to the smaller centroid. v on a 0.5 grid hits floor(x + 0.5) at exact halves.
     k[0] = 0
-    k[0, :, 0] = k[0, :, 1] = 1.0
+    k[0, :, :4] = 1.0
     v[1] = (torch.arange(d) % 31 * 0.5).to(case.dtype)
     k, v = (k[:, ::2], v[:, 1::2]) if case.strided else (k[:, :hk].contiguous(), v[:, :hk].contiguous())
     slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
