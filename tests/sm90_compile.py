@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 MARK = "kgen-sm90: "
 

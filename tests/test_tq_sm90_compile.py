@@ -60,3 +60,23 @@ def test_a_ptx_typo_fails(tmp_path):
     bad.write_text(source.replace("lop3.b32 high, a, b, upper, 0xD8;", "lop3.b32 high, a, b, upper;", 1))
     (decode,) = [r for r in compile_sm90(bad) if r["kernel"].endswith("_bs16_kernel")]
     assert not decode["ok"] and "ptxas" in decode["error"].lower(), decode
+
+
+def test_the_trace_benchmark_instruments_every_decode_module(tmp_path):
+    """benchmarks/tq_decode_trace.py edits a copy of a generated module (a trace buffer, %smid,
+    %globaltimer and %clock64 read per program): the edit applies to every decode module, and the
+    default variant's copy compiles for sm_90 with its inline PTX assembled."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from tq_decode_trace import instrument
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for path in DECODE:
+        traced = instrument(path.read_text(), f"{path.stem}_kernel")
+        assert traced.count("%smid") == 1 and traced.count("trace_ptr + program") == 6, path.stem
+        compile(traced, path.name, "exec")
+    default = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
+    copy = tmp_path / default.name
+    copy.write_text(instrument(default.read_text(), f"{default.stem}_kernel"))
+    (decode,) = [r for r in compile_sm90(copy) if r["kernel"].endswith("_bs16_kernel")]
+    assert decode["ok"], decode
