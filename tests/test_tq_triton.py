@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 
 import pytest
 import torch
@@ -452,3 +453,24 @@ def test_planted_head_dim_256_store_bug_fails_the_check(sources, tmp_path):
     stored at the first block's columns is caught."""
     first_block_only = _planted(sources, tmp_path, "tq_store_d256_bs16", "col = col_block * ROT_PAIRS + block_pair", "col = 0 * ROT_PAIRS + block_pair")
     assert all(not r["ok"] for r in verify_tq.check_store(first_block_only, SPEC, "cpu"))
+
+
+@pytest.mark.parametrize("tile, warps", [(32, 1), (64, 2)])
+def test_schedule_sweep_runs_programs_of_fewer_warps_correctly(modules, monkeypatch, tile, warps):
+    """benchmarks/tq_decode_schedules.py launches the module's decode kernel with another tile and
+    warp count (one 32-token chunk per warp), for the GPU A/B of programs of one and two warps: the
+    same kernel with CHUNKS = warps must pass the variant's whole check."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from tq_decode_schedules import Schedule
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    mod = modules["tq_decode_triton_d128_qg8_bs16"]
+    schedule = Schedule(mod, tile, warps, 168, programs_per_sm=0)
+    kernel = JitStandIn(mod.tq_decode_triton_d128_qg8_bs16_kernel)
+    monkeypatch.setattr(mod, "tq_decode_triton_d128_qg8_bs16_kernel", kernel)
+    monkeypatch.setattr(mod, "tq_decode", lambda *args, **kwargs: schedule(*args, **kwargs)[0])
+    results = verify_tq.check_decode(mod, SPEC, "cpu")
+    assert not _failures(results), _failures(results)
+    launches = [c.options for c in kernel.compiled]
+    assert launches and all(o["CHUNKS"] == warps and o["TILE_TOKENS"] == tile and o["num_warps"] == warps for o in launches), launches
