@@ -92,18 +92,21 @@ def summarize(trace: torch.Tensor, num_seqs: int, num_partitions: int, num_sms: 
     end_us = (end - start.min()).double() / 1e3
     part = torch.arange(len(sm)) // (HK * num_seqs)
     per_sm = torch.bincount(sm, minlength=num_sms)
+    holding = {k: int((per_sm == k).sum()) for k in range(int(per_sm.max()) + 1)}
     lines = [f"  programs {len(sm)}, first start to last end {end_us.max():.1f} us; SMs holding k programs: "
-             + ", ".join(f"{k}: {int((per_sm == k).sum())}" for k in range(int(per_sm.max()) + 1))]
+             + ", ".join(f"{k}: {n}" for k, n in holding.items() if n)]
     cycles_per_tile = (end_clock - start_clock).double() / tiles.clamp(min=1).double()
     for p in range(num_partitions):
         m = part == p
         lines.append(f"  part {p}: {int(tiles[m].double().mean())} tiles; start {start_us[m].min():.1f}-{start_us[m].max():.1f} us,"
                      f" end {end_us[m].min():.1f}-{end_us[m].max():.1f} (median {end_us[m].median():.1f});"
                      f" {cycles_per_tile[m].median() / 1e3:.2f} kcycles a tile (median)")
-    sm_tiles = torch.zeros(num_sms, dtype=torch.float64).index_add_(0, sm, tiles.double())
-    sm_end = torch.zeros(num_sms, dtype=torch.float64).index_reduce_(0, sm, end_us, "amax", include_self=False)
-    lines.append(f"  per SM: tiles min/median/max {sm_tiles.min():.0f}/{sm_tiles.median():.0f}/{sm_tiles.max():.0f};"
-                 f" last end min/median/max {sm_end.min():.1f}/{sm_end.median():.1f}/{sm_end.max():.1f} us")
+    busy = per_sm > 0  # SMs that ran at least one program
+    sm_tiles = torch.zeros(num_sms, dtype=torch.float64).index_add_(0, sm, tiles.double())[busy]
+    sm_end = torch.full((num_sms,), float("-inf"), dtype=torch.float64).scatter_reduce_(0, sm, end_us, "amax")  # idle SMs sort last
+    ends = sm_end[busy]
+    lines.append(f"  per busy SM: tiles min/median/max {sm_tiles.min():.0f}/{sm_tiles.median():.0f}/{sm_tiles.max():.0f};"
+                 f" last end min/median/max {ends.min():.1f}/{ends.median():.1f}/{ends.max():.1f} us")
     for s in torch.argsort(sm_end, descending=True)[:3].tolist():
         m = sm == s
         lines.append(f"  late SM {s}: parts {part[m].tolist()}, tiles {tiles[m].tolist()},"

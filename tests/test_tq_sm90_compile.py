@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -68,7 +69,7 @@ def test_the_trace_benchmark_instruments_every_decode_module(tmp_path):
     default variant's copy compiles for sm_90 with its inline PTX assembled."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from tq_decode_trace import instrument
+        from tq_decode_trace import FIELDS, instrument, summarize
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     for path in DECODE:
@@ -80,3 +81,10 @@ def test_the_trace_benchmark_instruments_every_decode_module(tmp_path):
     copy.write_text(instrument(default.read_text(), f"{default.stem}_kernel"))
     (decode,) = [r for r in compile_sm90(copy) if r["kernel"].endswith("_bs16_kernel")]
     assert decode["ok"], decode
+    # The report, on a made-up trace (2 sequences x 8 kv heads x 3 partitions over 5 of 6 SMs).
+    programs = torch.arange(48)
+    trace = torch.stack([programs % 5, 1000 + 10 * programs, 51000 + 10 * programs, 0 * programs,
+                         100000 + 0 * programs, 8 + programs // 16], dim=1)
+    assert trace.shape[1] == len(FIELDS)
+    report = "\n".join(summarize(trace.flatten(), 2, 3, 6))
+    assert "SMs holding k programs: 0: 1, 9: 2, 10: 3" in report and "part 2: 10 tiles" in report, report
