@@ -3,16 +3,18 @@
 Run from the project root on a CUDA machine:
   python benchmarks/tq_decode_schedules.py [--variant d128_qg8_bs16] [--configs 16x32768,...]
       [--schedules 128:4:168,32:1:168,64:2:168]
-A schedule is TILE_TOKENS:num_warps:maxnreg (maxnreg 0: no cap, and the module's own wave). In the chunked form (QG <= 8)
-each warp owns one 32-token chunk of a tile, so TILE_TOKENS = 32 x num_warps there; the default
-list is the shipped schedule and the same loop in programs of one and two warps.
+A schedule is TILE_TOKENS:num_warps:maxnreg (maxnreg 0: no cap, and the module's own wave). In
+the chunked form (QG <= 8) each warp owns one 32-token chunk of a tile, so TILE_TOKENS = 32 x
+num_warps there; the default list is the shipped schedule and the same loop in programs of one
+and two warps.
 
 Why one-warp programs: the shipped d128 loop (4 warps) has 6 CTA-wide barriers per tile, from
 Triton's shared-memory layout conversions (the per-token metadata, and P^T for the PV MMA), and
-ncu put 0.82 cycles of barrier stall on every issued instruction (RESULTS, session 13 and 22). In
-a one-warp program the same conversions synchronize one warp, so warps no longer wait for each
-other; 12 programs then share an SM (168 registers), and the host's partition rule, sized by that
-wave, picks 4x the partitions.
+ncu put 0.82 cycles of barrier stall on every issued instruction of session 16's kernel (RESULTS,
+"Where the remaining TQ gaps come from", and session 22). In a one-warp program the same
+conversions synchronize one warp, so warps no longer wait for each other; 12 programs then share
+an SM (168 registers), and the host's partition rule, sized by that wave, picks 4x the
+partitions. (Session 17's lab that cut the barriers from 6 to 2 ran 0.97-1.01x.)
 
 For each config and schedule: the partitions the wrapper's rule picks for that schedule's wave,
 the whole pipeline's device time with a cold L2 (rotate + decode + merge, as `tq_decode` runs
@@ -94,6 +96,8 @@ class Schedule:
         num_seqs, num_kv_heads, max_blocks = dec.validate_inputs(query, kv_cache, block_table, seq_lens, centroids, rotation)
         scale = dec.resolve_softmax_scale(softmax_scale)
         output = torch.empty_like(query)
+        if num_seqs == 0:
+            return output, None
         q_rot, codebook = dec.rotate_query(query, rotation, centroids)
         parts, tile_groups = self.partitions(max_blocks, num_seqs, num_kv_heads, query.device)
         shape = (num_seqs, num_kv_heads, parts, dec.QG, dec.HEAD_DIM)
