@@ -38,17 +38,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import cold_l2_us  # noqa: E402
 from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 
+from kgen.ops.tq_triton import _programs_per_sm  # noqa: E402
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
 DEFAULT_SCHEDULES = "128:4:168,32:1:168,64:2:168"
-REGISTERS_PER_SM = 65536
-WARP_THREADS = 32
 
 
 def programs_per_sm(warps: int, max_registers: int) -> int:
-    """Resident programs of a capped schedule on one SM; 0 when uncapped (the compiler's register
-    count is not known before compiling: the module's own wave is used)."""
-    return REGISTERS_PER_SM // (WARP_THREADS * warps * max_registers) if max_registers else 0
+    """Resident programs of a capped schedule on one SM, as the lowering counts them; 0 when
+    uncapped (the compiler's register count is not known before compiling: the module's own wave
+    is used)."""
+    return _programs_per_sm(warps, max_registers) if max_registers else 0
 
 
 class Schedule:
