@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-validate", action="store_true", help="write without the numerical check (not recommended)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to validate (default: cuda if present)")
     b.add_argument("--no-compile", action="store_true", help="FlyDSL: keep the lock's recorded ISA counts instead of compiling")
+    b.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N", help="run up to N validation/compile subprocesses at once (0: one per core; default 1)")
+    b.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check generated/ against the specs: drift, static proofs, numerics")
@@ -164,45 +166,59 @@ def _print_numerics(results, say=print) -> bool:
 
 
 def _build(args) -> int:
-    from kgen.emit import LOCK_NAME, exclusive, lock_text, plan_lock, read_lock, write_atomic
+    from kgen.emit import LOCK_NAME, exclusive, lock_text, plan_lock, read_lock, validated_before, write_atomic
     from kgen.generate import generate, load_all, project_path
-    from kgen.verify.numerics import run_numerics
 
     root = args.root
     specs = load_all(_spec_args(args), root)
     generated = args.config.generated
     outputs = {project_path(s, root): generate(s, root) for s in specs}  # everything in memory before anything is written
 
-    changed = {
-        path: [o for o in outs if _read(generated / o.relpath) != o.text] for path, outs in outputs.items()
-    }
+    # Validate every output the lock does not record as validated for its code: new or changed
+    # code, and files a --no-validate build wrote. One that differs from generated/ only in its
+    # header's spec hash (a sibling variant added to or dropped from the spec) keeps its record.
+    lock_before = read_lock(generated)
+    unchecked: dict[str, list] = {}
+    header_only: dict[str, int] = {}
+    for path, outs in outputs.items():
+        for o in outs:
+            on_disk = _read(generated / o.relpath)
+            if not validated_before(o, on_disk, lock_before.get(o.relpath, {})):
+                unchecked.setdefault(path, []).append(o)
+            elif on_disk != o.text:
+                header_only[path] = header_only.get(path, 0) + 1
+    validated: list[str] = []
     if args.no_validate:
-        if any(changed.values()):
+        if any(_read(generated / o.relpath) != o.text for outs in unchecked.values() for o in outs):
             print("kgen: WARNING: --no-validate: writing kernels that were NOT checked against their reference", file=sys.stderr)
     else:
         device = _device(args.device)
+        for path, count in header_only.items():
+            print(f"{count} variant(s) of {path} differ from {generated.name}/ only in their header's spec hash "
+                  "(same code, same spec but for its variants): validated before, not again")
         with tempfile.TemporaryDirectory(prefix="kgen-build-") as tmp:
-            failed = []
-            for path, outs in changed.items():
-                if not outs:
-                    continue
-                modules = {}
+            work = {}
+            for path, outs in unchecked.items():
+                work[path] = {}
                 for o in outs:
                     target = Path(tmp) / o.relpath
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(o.text)
-                    modules[o.variant] = target
+                    work[path][o.variant] = target
                 print(f"validating {len(outs)} variant(s) of {path} on {device}")
-                results = run_numerics(str(root / path), modules, device)
-                if not _print_numerics(results):
-                    failed += [r.variant for r in results if not r.ok]
+            results = _numerics(root, work, device, args.jobs, _Progress(enabled=not args.no_progress))
+            failed = []
+            for path, outs in unchecked.items():
+                if not _print_numerics(results[path]):
+                    failed += [r.variant for r in results[path] if not r.ok]
+                validated += [o.relpath for o in outs]
             if failed:
                 raise VerifyFailure(f"not written: {len(failed)} variant(s) failed validation: {', '.join(failed)}")
 
     with exclusive(generated):  # from reading the lock to writing it: concurrent builds serialize here
         old_lock = read_lock(generated)
-        outputs = _with_isa(outputs, generated, old_lock, "lock" if args.no_compile else "changed")
-        entries, stale = plan_lock(old_lock, [o for outs in outputs.values() for o in outs], list(outputs))
+        outputs = _with_isa(outputs, generated, old_lock, "lock" if args.no_compile else "changed", jobs=args.jobs)
+        entries, stale = plan_lock(old_lock, [o for outs in outputs.values() for o in outs], list(outputs), validated)
         written = sum(write_atomic(generated / o.relpath, o.text) for outs in outputs.values() for o in outs)
         for relpath in stale:
             (generated / relpath).unlink(missing_ok=True)

@@ -29,6 +29,7 @@ class Output:
     variant: str
     spec_sha256: str
     templates_sha256: str
+    validation_sha256: str  # what its validation depends on (see validation_sha256 below)
     compile_arch: str | None = None  # FlyDSL output: the target it must compile for
     planned_lds: int = 0  # FlyDSL output: LDS bytes the plan allocates
     isa: Mapping[str, Any] = field(default_factory=dict)  # FlyDSL output: counts from its assembly
@@ -69,6 +70,25 @@ def header(spec_path: str, variant: str, backend: str, spec_sha: str, templates_
 
 def spec_sha256(normalized: str) -> str:
     return hashlib.sha256(normalized.encode()).hexdigest()
+
+
+def validation_sha256(normalized_spec: str, text_without_spec_sha: str) -> str:
+    """What a variant's validation depends on: its file with the spec hash left out of the header,
+    and its spec without the `variants` section. Adding or excluding a variant changes the other
+    files of the spec in that header line only, so their validation still stands."""
+    rest = {k: v for k, v in json.loads(normalized_spec).items() if k != "variants"}
+    spec_part = json.dumps(rest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{spec_part}\n{text_without_spec_sha}".encode()).hexdigest()
+
+
+def validated_before(out: Output, on_disk: str | None, entry: Mapping[str, Any]) -> bool:
+    """Whether the lock entry records out as validated: it describes the file on disk (same bytes)
+    and carries out's validation_sha256, which only a build that validated this code writes."""
+    return (
+        on_disk is not None
+        and entry.get("sha256") == hashlib.sha256(on_disk.encode()).hexdigest()
+        and entry.get("validation_sha256") == out.validation_sha256
+    )
 
 
 def lock_text(entries: Mapping[str, Mapping[str, str]]) -> str:
@@ -121,13 +141,21 @@ def write_atomic(path: Path, text: str) -> bool:
     return True
 
 
-def plan_lock(old: Mapping[str, Mapping[str, str]], outputs: Iterable[Output], specs: Iterable[str]) -> tuple[dict, list[str]]:
+def plan_lock(
+    old: Mapping[str, Mapping[str, str]], outputs: Iterable[Output], specs: Iterable[str], validated: Iterable[str] = ()
+) -> tuple[dict, list[str]]:
     """The new lock entries and the stale outputs: those an old entry of a rebuilt spec names but
-    no output produces any more. Entries of specs not being rebuilt are kept as they are."""
+    no output produces any more. Entries of specs not being rebuilt are kept as they are. An
+    output's entry records its validation_sha256 when this build validated it (`validated`:
+    relpaths) or an earlier entry records the same one (its code was validated then)."""
     outputs = list(outputs)
     rebuilt = set(specs)
+    validated = set(validated)
     produced = {o.relpath for o in outputs}
     entries = {k: dict(v) for k, v in old.items() if v.get("spec") not in rebuilt}
     stale = sorted(k for k, v in old.items() if v.get("spec") in rebuilt and k not in produced)
-    entries.update({o.relpath: o.lock_entry() for o in outputs})
+    for o in outputs:
+        entries[o.relpath] = o.lock_entry()
+        if o.relpath in validated or old.get(o.relpath, {}).get("validation_sha256") == o.validation_sha256:
+            entries[o.relpath]["validation_sha256"] = o.validation_sha256
     return entries, stale

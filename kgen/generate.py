@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kgen.emit import Output, header, spec_sha256
+from kgen.emit import Output, header, spec_sha256, validation_sha256
 from kgen.ops import OPS
 from kgen.render import render, template_closure, templates_dir, templates_sha256
 from kgen.spec import Spec, load_specs
@@ -40,11 +40,14 @@ def generate(spec: Spec, root: Path = Path(".")) -> list[Output]:
         source = render(op.template_for(variant), {"p": plan}, f"{spec.path}, variant {variant.name}", directory)
         backend = getattr(plan, "backend", None) or spec.backends[0]
         extra = list(getattr(plan, "header_lines", ()))  # e.g. the hash of a tuning file the plan read
-        text = header(source_path, variant.name, backend, spec_sha, tmpl_sha, extra + width_proofs(plan)) + "\n" + source
+        proofs = extra + width_proofs(plan)
+        text = header(source_path, variant.name, backend, spec_sha, tmpl_sha, proofs) + "\n" + source
+        unhashed = header(source_path, variant.name, backend, "", tmpl_sha, proofs) + "\n" + source
         flydsl = getattr(plan, "backend", None) == "flydsl"
         outputs.append(
             Output(
                 f"{spec.name}/{variant.name}.py", text, source_path, variant.name, spec_sha, tmpl_sha,
+                validation_sha256(spec.normalized, unhashed),
                 compile_arch=spec.options.target.arch if flydsl else None,
                 planned_lds=plan.consts.get("LDS_BYTES", 0) if flydsl else 0,
             )

@@ -98,12 +98,34 @@ def test_outputs_no_spec_produces_are_removed(project):
     spec.write_text(_only_the_reference_shape(spec.read_text()))
     proc = run_kgen("build", "--no-validate", "specs/msda.yaml", cwd=project)
     assert proc.returncode == 0, proc.stderr
-    assert "WARNING: --no-validate" in proc.stderr
+    # The variants kept differ in their header's spec hash only: no unchecked code is written.
+    assert "WARNING: --no-validate" not in proc.stderr
     remaining = sorted(p.name for p in (project / "generated" / "msda").glob("*.py"))
     assert remaining == [f"msda_fwd_{t}_m8_d32_l4_k4.py" for t in ("bf16", "f16", "f32", "f64")]
     lock = json.loads((project / "generated" / "kgen.lock").read_text())
     assert sorted(k for k in lock["outputs"] if k.startswith("msda/")) == [f"msda/{n}" for n in remaining]
     assert any(k.startswith("tq_decode/") for k in lock["outputs"]), "other specs' entries are kept"
+    assert run_kgen("verify", "--no-numerics", "--no-compile", cwd=project).returncode == 0
+
+
+def test_a_no_validate_write_is_validated_by_the_next_build(project):
+    """--no-validate warns and records no validation in the lock; the next build validates what
+    it wrote, and the one after has nothing left to validate."""
+    spec = project / "specs" / "msda.yaml"
+    spec.write_text(_only_the_reference_shape(spec.read_text(), "[float32]"))
+    keep_tuning_entries(project, "msda_fwd_f32_m8_d32_l4_k4")
+    template = project / "templates" / "triton" / "msda_fwd.py.jinja"
+    template.write_text(template.read_text().replace("# One coalesced tile store", "# One coalesced store of the tile", 1))
+    first = run_kgen("build", "--no-validate", "--no-compile", "specs/msda.yaml", cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert "WARNING: --no-validate: writing kernels that were NOT checked against their reference" in first.stderr
+    assert "1 written" in first.stdout
+    second = run_kgen("build", "--device", "cpu", "--no-compile", "specs/msda.yaml", cwd=project)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "validating 1 variant(s) of specs/msda.yaml on cpu" in second.stdout
+    assert "ok   msda_fwd_f32_m8_d32_l4_k4" in second.stdout and "0 written" in second.stdout
+    third = run_kgen("build", "--device", "cpu", "--no-compile", "specs/msda.yaml", cwd=project)
+    assert third.returncode == 0 and "validating" not in third.stdout, third.stdout
     assert run_kgen("verify", "--no-numerics", "--no-compile", cwd=project).returncode == 0
 
 
@@ -175,3 +197,66 @@ def test_list_and_show():
     assert "int64: an intermediate reaches" in proc.stdout
     proc = run_kgen("show", "msda_fwd_bf16_m8_d32_l4_k4")  # M*D = 256: the corner gather fits int32
     assert "gather       = d + 256*pixel" in proc.stdout and "int32: every intermediate" in proc.stdout
+
+
+def test_adding_a_variant_validates_only_the_new_one(project):
+    """A variant added to a spec changes every other file of that spec in the header's spec hash
+    only; the build validates the new variant alone (the others' code was checked as it is),
+    rewrites the rest, and leaves generated/ in sync."""
+    spec = project / "specs" / "msda.yaml"
+    spec.write_text(spec.read_text().replace("    - {dtype: float64, D: 24}\n", "", 1))
+    kept = project / VARIANT
+    before = kept.read_text()
+    proc = run_kgen("build", "--device", "cpu", "specs/msda.yaml", cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "21 variant(s) of specs/msda.yaml differ from generated/ only in their header's spec hash" in proc.stdout
+    assert "validating 1 variant(s) of specs/msda.yaml" in proc.stdout
+    assert "ok   msda_fwd_f64_m1_d24_l3_k4" in proc.stdout
+    assert "22 written" in proc.stdout
+    assert (project / "generated" / "msda" / "msda_fwd_f64_m1_d24_l3_k4.py").exists()
+    after = kept.read_text()
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(changed) == 1 and changed[0][1].startswith("# spec sha256:"), changed
+    assert run_kgen("verify", "--no-numerics", "--no-compile", cwd=project).returncode == 0
+
+
+def test_only_a_variants_edit_skips_validation(tmp_path):
+    """validation_sha256 ignores the spec's variants section and the header's spec hash, nothing
+    else: an edited tolerance or template, or a file on disk the lock does not describe, is
+    validated again."""
+    import shutil
+
+    from kgen.emit import validated_before
+    from kgen.generate import generate
+    from kgen.spec import load_spec
+
+    text = (ROOT / "specs" / "msda.yaml").read_text()
+    edits = {
+        "base": text,
+        "variants": text.replace("    - {dtype: float64, D: 24}\n", "", 1),
+        "validation": text.replace("float32:  {atol: 5.0e-5, rtol: 1.0e-5}", "float32:  {atol: 4.0e-5, rtol: 1.0e-5}", 1),
+    }
+    templates = tmp_path / "edited" / "templates"  # a root whose forward template has a reworded comment
+    shutil.copytree(ROOT / "templates", templates)
+    fwd = templates / "triton" / "msda_fwd.py.jinja"
+    fwd.write_text(fwd.read_text().replace("# One coalesced tile store", "# One coalesced store of the tile", 1))
+    variant = "msda_fwd_f32_m8_d32_l4_k4"
+    out = {}
+    for name, body in edits.items():
+        assert name == "base" or body != text
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "msda.yaml").write_text(body)
+        shutil.copy(ROOT / "specs" / "msda.tuning.json", tmp_path / name)
+        out[name] = next(o for o in generate(load_spec(str(tmp_path / name / "msda.yaml")), ROOT) if o.variant == variant)
+    out["template"] = next(o for o in generate(load_spec(str(tmp_path / "variants" / "msda.yaml")), tmp_path / "edited") if o.variant == variant)
+    base = out["base"]
+    entry = dict(base.lock_entry(), validation_sha256=base.validation_sha256)  # as a validating build records it
+
+    assert out["variants"].text != base.text and out["variants"].validation_sha256 == base.validation_sha256
+    assert validated_before(out["variants"], base.text, entry)
+    assert not validated_before(out["variants"], base.text + "# edited by hand\n", entry)  # not the file the lock describes
+    assert not validated_before(out["variants"], None, entry)
+    assert not validated_before(out["variants"], base.text, base.lock_entry())  # written by --no-validate, or an older lock
+    for name in ("validation", "template"):
+        assert out[name].validation_sha256 != base.validation_sha256, name
+        assert not validated_before(out[name], base.text, entry), name

@@ -2,9 +2,9 @@
 
 The YAML line, the commands, the Python lines and the refusal are read from README.md, so the
 README cannot drift from what works. To keep CI time bounded, the copy's spec starts from one
-variant (float32, the reference shape): `kgen build` validates every variant whose output changes,
-and a spec edit changes every header (the spec's hash), so the build checks two variants here
-instead of twenty-five. The steps are the README's, verbatim.
+variant (float32, the reference shape), written by `kgen build --no-validate`: the README's build
+then checks two variants, the new one and that starting point (the lock records no validation
+for it), instead of the four dtypes of the new shape. The steps are the README's, verbatim.
 """
 
 from __future__ import annotations

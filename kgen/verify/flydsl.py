@@ -141,7 +141,8 @@ def isa_problems(report: IsaReport, target, lds_expected: int) -> list[str]:
 def compile_outputs(outputs, generated: Path, reuse: Mapping[str, Mapping] | None = None, log=print):
     """Compile every FlyDSL output (from generated/ when the file there is current, else from a
     temporary copy); returns (outputs with ISA counts attached, {variant: [problems]}).
-    `reuse` (old lock entries) skips outputs whose content hash and counts are already recorded."""
+    `reuse` (old lock entries) skips outputs whose counts are recorded for the same code (the same
+    file, or one that differed only in its header's spec hash: validation_sha256)."""
     import tempfile
 
     from kgen.targets import AMD_TARGETS
@@ -153,7 +154,8 @@ def compile_outputs(outputs, generated: Path, reuse: Mapping[str, Mapping] | Non
                 done.append(out)
                 continue
             old = (reuse or {}).get(out.relpath, {})
-            if old.get("sha256") == out.sha256 and "isa" in old:
+            same_code = old.get("sha256") == out.sha256 or old.get("validation_sha256") == out.validation_sha256
+            if same_code and "isa" in old:
                 done.append(out.with_isa({k: v for k, v in old["isa"].items() if k != "arch"}))
                 continue
             path = generated / out.relpath
