@@ -474,3 +474,22 @@ def test_schedule_sweep_runs_programs_of_fewer_warps_correctly(modules, monkeypa
     assert not _failures(results), _failures(results)
     launches = [c.options for c in kernel.compiled]
     assert launches and all(o["CHUNKS"] == warps and o["TILE_TOKENS"] == tile and o["num_warps"] == warps for o in launches), launches
+
+
+def test_the_k_table_benchmark_variant_passes_the_decode_check(tmp_path):
+    """benchmarks/tq_decode_k_table.py derives a decode module whose K lookup goes through a table
+    of bf16 pairs per packed byte (tl.gather) for a GPU A/B against the byte permutes. Under the
+    interpreter the derived module passes the variant's whole decode check, so what the GPU run
+    compares is speed, not a wrong answer."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from tq_decode_k_table import k_table_variant
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    name = "tq_decode_triton_d128_qg8_bs16"
+    path = tmp_path / f"{name}.py"
+    path.write_text(k_table_variant((ROOT / "generated" / "tq_decode" / f"{name}.py").read_text(), f"{name}_kernel", 4))
+    text = path.read_text()
+    assert "_k_table_entries(k_step0" in text and "_unpack_k_pairs(k_step" not in text and "K_TABLE_COPIES = tl.constexpr(4)" in text
+    results = verify_tq.check_decode(load_module(path), SPEC, "cpu")
+    assert not _failures(results), _failures(results)
