@@ -8,7 +8,7 @@ Why: offline (sm_90 SASS, Triton 3.6), the d128 loop's bound is the integer ALU,
 runs at half the FP32 rate: ~540 of its 1032 instructions a warp-chunk, ~330 of them K's codebook
 lookup (10 PRMT/LOP3 per 4 nibbles). A table of 256 bf16 pairs (entry b = codebook[b & 15],
 codebook[b >> 4]) looked up once per packed byte through `tl.gather` moves the lookup to shared
-memory loads: with 8 copies the same loop is 1009 instructions with ~380 on the ALU, plus 64 LDS a warp-chunk
+memory loads: with 8 copies the same loop is 1009 instructions with ~350 on the ALU, plus 64 LDS a warp-chunk
 and the table's store and 2 barriers per gather (Triton stores a gather's source every call).
 COPIES interleaved copies of the table (entry b, copy r at word b * COPIES + r; a token row's lanes
 read copy row % COPIES) spread a warp's lookups over more banks. Whether that is faster on the
