@@ -8,8 +8,9 @@ Why: offline (sm_90 SASS, Triton 3.6), the d128 loop's bound is the integer ALU,
 runs at half the FP32 rate: ~540 of its 1032 instructions a warp-chunk, ~330 of them K's codebook
 lookup (10 PRMT/LOP3 per 4 nibbles). A table of 256 bf16 pairs (entry b = codebook[b & 15],
 codebook[b >> 4]) looked up once per packed byte through `tl.gather` moves the lookup to shared
-memory loads: with 8 copies the same loop is 1009 instructions with ~350 on the ALU, plus 64 LDS a warp-chunk
-and the table's store and 2 barriers per gather (Triton stores a gather's source every call).
+memory loads: with 8 copies the same loop is 944 instructions with ~305 on the ALU, plus 64 LDS
+a warp-chunk and the table's store and 2 barriers per gather (Triton stores a gather's source
+every call).
 COPIES interleaved copies of the table (entry b, copy r at word b * COPIES + r; a token row's lanes
 read copy row % COPIES) spread a warp's lookups over more banks. Whether that is faster on the
 GPU, and at which COPIES, is what this measures (RESULTS, session 23).
@@ -39,14 +40,27 @@ from tq_decode_trace import HK, load  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-_LOOKUP = '''
+_LOOKUP = r'''
 
 @triton.jit
 def _k_table_entries(words, table, table_copy, CHUNKS: tl.constexpr, CHUNK: tl.constexpr, STEP_PAIRS: tl.constexpr, PTX_UNPACK: tl.constexpr):
     """bf16 K entries [CH, CHUNK, 2 * STEP_PAIRS] of int32 words [CH, CHUNK, (word, QUAD)], k in
     (word, byte_hi, QUAD, byte_lo, nibble) order: each MMA k-block of 16 holds 4 consecutive k per
     lane of a quad, as the operand layout wants. One table lookup per packed byte."""
-    byte = tl.join(tl.join(words & 255, (words >> 16) & 255), tl.join((words >> 8) & 255, (words >> 24) & 255))  # bytes 0-3 in order
+    if PTX_UNPACK:
+        # One byte permute a byte (a shift and a mask otherwise): byte i of the word, zero-extended.
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            """
+            prmt.b32 $0, $4, 0, 0x4440;
+            prmt.b32 $1, $4, 0, 0x4441;
+            prmt.b32 $2, $4, 0, 0x4442;
+            prmt.b32 $3, $4, 0, 0x4443;
+            """,
+            "=r,=r,=r,=r,r", [words], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+        )
+    else:
+        b0, b1, b2, b3 = words & 255, (words >> 8) & 255, (words >> 16) & 255, (words >> 24) & 255
+    byte = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # flattens to bytes 0-3 in order
     index = tl.reshape(byte, (CHUNKS, CHUNK, STEP_PAIRS)) * K_TABLE_COPIES + table_copy
     pairs = tl.gather(table, tl.reshape(index, (CHUNKS * CHUNK * STEP_PAIRS,)), 0)
     pairs = tl.reshape(tl.permute(tl.reshape(pairs, (CHUNKS, CHUNK, 2, 4, 2, 2)), (0, 1, 2, 4, 3, 5)), (CHUNKS, CHUNK, STEP_PAIRS))
