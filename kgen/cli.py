@@ -206,7 +206,7 @@ def _build(args) -> int:
                     target.write_text(o.text)
                     work[path][o.variant] = target
                 print(f"validating {len(outs)} variant(s) of {path} on {device}")
-            results = _numerics(root, work, device, args.jobs, _Progress(enabled=not args.no_progress))
+            results = _numerics(root, work, device, args.jobs, _Progress(enabled=not args.no_progress)) if work else {}
             failed = []
             for path, outs in unchecked.items():
                 if not _print_numerics(results[path]):
