@@ -123,16 +123,21 @@ def main() -> None:
     parser.add_argument("--variant", default="d128_qg8_bs16", help="d{head_dim}_qg{GQA factor}_bs{block size} (a chunked d128 module)")
     parser.add_argument("--configs", default="1x1024,1x32768,16x8192,16x32768,64x32768", help="comma-separated SEQSxCONTEXT")
     parser.add_argument("--copies", default="2,4,8,16", help="comma-separated table copies to time")
+    parser.add_argument("--once", action="store_true",
+                        help="run each module once per config, no timing: for a profiler, e.g. ncu --kernel-name regex:_bs16_kernel")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu with TRITON_INTERPRET=1 and --once (the CPU test's smoke run)")
     args = parser.parse_args()
     name = f"tq_decode_triton_{args.variant}"
     source = (ROOT / "generated" / "tq_decode" / f"{name}.py").read_text()
     shipped = load(name)
     tables = {int(c): load(name, k_table_variant(source, f"{name}_kernel", int(c))) for c in args.copies.split(",")}
     store = load(f"tq_store_{args.variant.split('_')[0]}_{args.variant.split('_')[2]}")
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     d, qg, bs = shipped.HEAD_DIM, shipped.QG, shipped.BS
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__},"
-          f" python {platform.python_version()}; {name}, Hk = {HK}; whole pipeline, cold L2, 3 interleaved rounds (us)")
+    where = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)"
+    timing = "outputs only (--once)" if args.once else "whole pipeline, cold L2, 3 interleaved rounds (us)"
+    print(f"device: {where}, torch {torch.__version__}, triton {triton.__version__},"
+          f" python {platform.python_version()}; {name}, Hk = {HK}; {timing}")
     g = torch.Generator(device=dev).manual_seed(0)
     centroids, rotation = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
     for config in args.configs.split(","):
@@ -149,19 +154,19 @@ def main() -> None:
         calls.update({f"table x{c}": (lambda m=m: m.tq_decode(query, cache, table, seq_lens, centroids, rotation)) for c, m in tables.items()})
         reference = calls["shipped"]().float()
         times = {label: [] for label in calls}
-        for _ in range(3):
+        for _ in range(0 if args.once else 3):
             for label, call in calls.items():
                 times[label].append(cold_l2_us(call))
-        base = min(times["shipped"])
         for label, call in calls.items():
             out = call().float()
             diff = (out - reference).abs().max().item()
             rel = ((out - reference).norm() / reference.norm()).item()
-            best = min(times[label])
-            print(f"{config} {label:10s} {'/'.join(f'{t:.1f}' for t in times[label])} us, x{base / best:.2f} of shipped;"
-                  f" max |diff| {diff:.2e}, relative rms {rel:.2e} against shipped")
+            timed = "" if args.once else (f"{'/'.join(f'{t:.1f}' for t in times[label])} us,"
+                                          f" x{min(times['shipped']) / min(times[label]):.2f} of shipped; ")
+            print(f"{config} {label:10s} {timed}max |diff| {diff:.2e}, relative rms {rel:.2e} against shipped")
         del query, cache, table
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

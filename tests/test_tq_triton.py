@@ -493,3 +493,21 @@ def test_the_k_table_benchmark_variant_passes_the_decode_check(tmp_path):
     assert "_k_table_entries(k_step0" in text and "_unpack_k_pairs(k_step" not in text and "K_TABLE_COPIES = tl.constexpr(4)" in text
     results = verify_tq.check_decode(load_module(path), SPEC, "cpu")
     assert not _failures(results), _failures(results)
+
+
+def test_the_k_table_benchmark_runs_its_comparison_on_cpu():
+    """The GPU A/B's own driver (stores, decodes through the shipped and the table modules, output
+    comparison) runs end to end under the interpreter with --once, so the device session does not
+    find a broken script; the table's output stays within bf16 rounding of the shipped one."""
+    import os
+    import re
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "benchmarks/tq_decode_k_table.py", "--device", "cpu", "--once", "--configs", "2x48", "--copies", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("2x48 table x2")]
+    assert float(re.search(r"relative rms (\S+) against shipped", line).group(1)) < 1e-3, line
