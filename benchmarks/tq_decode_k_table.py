@@ -2,23 +2,23 @@
 
 Run from the project root on a CUDA machine:
 `python benchmarks/tq_decode_k_table.py [--variant d128_qg8_bs16] [--configs 1x1024,16x32768,...]
-[--copies 2,4,8,16]`
+[--copies 2,4,8,16] [--once]`
 
 Why: offline (sm_90 SASS, Triton 3.6), the d128 loop's bound is the integer ALU, which sm_90
 runs at half the FP32 rate: ~540 of its 1032 instructions a warp-chunk, ~330 of them K's codebook
 lookup (10 PRMT/LOP3 per 4 nibbles). A table of 256 bf16 pairs (entry b = codebook[b & 15],
 codebook[b >> 4]) looked up once per packed byte through `tl.gather` moves the lookup to shared
 memory loads: with 8 copies the same loop is 944 instructions with ~305 on the ALU, plus 64 LDS
-a warp-chunk and the table's store and 2 barriers per gather (Triton stores a gather's source
-every call).
-COPIES interleaved copies of the table (entry b, copy r at word b * COPIES + r; a token row's lanes
-read copy row % COPIES) spread a warp's lookups over more banks. Whether that is faster on the
-GPU, and at which COPIES, is what this measures (RESULTS, session 23).
+a warp-chunk and the table's store and 2 barriers per gather (Triton stores a gather's source at
+every call). COPIES interleaved copies of the table (entry b, copy r at word b * COPIES + r; a
+token row's lanes read copy row % COPIES) spread a warp's lookups over more banks. Whether that
+is faster on the GPU, and at which COPIES, is what this measures (RESULTS, session 23).
 
 This tool derives the table variant from the generated module's source (`k_table_variant`, as
 tq_decode_trace.py does for its trace) and prints, per config, the whole pipeline's time (cold
 L2, 3 interleaved rounds) for the shipped module and each table variant, with the ratio and the
-largest difference from the shipped output.
+largest difference from the shipped output. `--once` runs each module once and compares outputs
+without timing (for a profiler; with `--device cpu` and TRITON_INTERPRET=1, the CPU test's run).
 """
 
 from __future__ import annotations
