@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import cold_l2_us  # noqa: E402
-from tq_decode_trace import HK, load  # noqa: E402
+from tq_decode_trace import HK, decode_inputs, load  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
@@ -133,7 +133,7 @@ def main() -> None:
     tables = {int(c): load(name, k_table_variant(source, f"{name}_kernel", int(c))) for c in args.copies.split(",")}
     store = load(f"tq_store_{args.variant.split('_')[0]}_{args.variant.split('_')[2]}")
     dev = torch.device(args.device)
-    d, qg, bs = shipped.HEAD_DIM, shipped.QG, shipped.BS
+    d = shipped.HEAD_DIM
     where = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)"
     timing = "outputs only (--once)" if args.once else "whole pipeline, cold L2, 3 interleaved rounds (us)"
     print(f"device: {where}, torch {torch.__version__}, triton {triton.__version__},"
@@ -142,14 +142,7 @@ def main() -> None:
     centroids, rotation = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
     for config in args.configs.split(","):
         num_seqs, ctx = (int(x) for x in config.split("x"))
-        nb = ctx // bs
-        query = torch.randn(num_seqs, HK * qg, d, device=dev, generator=g, dtype=torch.bfloat16)
-        cache = torch.zeros(num_seqs * nb, shipped.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-        table = torch.randperm(num_seqs * nb, device=dev, generator=g).view(num_seqs, nb).int()
-        for s in range(num_seqs):  # one sequence at a time: k and v of 64 x 32K would take 1 GB
-            k, v = (torch.randn(ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(2))
-            store.tq_store(cache, k, v, (table[s].long()[:, None] * bs + torch.arange(bs, device=dev)).reshape(-1), centroids, rotation)
-        seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+        query, cache, table, seq_lens = decode_inputs(shipped, store, num_seqs, ctx, centroids, rotation, g)
         calls = {"shipped": lambda: shipped.tq_decode(query, cache, table, seq_lens, centroids, rotation)}
         calls.update({f"table x{c}": (lambda m=m: m.tq_decode(query, cache, table, seq_lens, centroids, rotation)) for c, m in tables.items()})
         reference = calls["shipped"]().float()
