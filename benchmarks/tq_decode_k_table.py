@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import cold_l2_us  # noqa: E402
-from tq_decode_trace import HK, decode_inputs, load  # noqa: E402
+from tq_decode import random_decode_inputs  # noqa: E402
+from tq_decode_trace import HK, load  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
@@ -142,7 +143,7 @@ def main() -> None:
     centroids, rotation = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
     for config in args.configs.split(","):
         num_seqs, ctx = (int(x) for x in config.split("x"))
-        query, cache, table, seq_lens = decode_inputs(shipped, store, num_seqs, ctx, centroids, rotation, g)
+        query, cache, table, seq_lens = random_decode_inputs(shipped, store, num_seqs, ctx, g, centroids, rotation)
         calls = {"shipped": lambda: shipped.tq_decode(query, cache, table, seq_lens, centroids, rotation)}
         calls.update({f"table x{c}": (lambda m=m: m.tq_decode(query, cache, table, seq_lens, centroids, rotation)) for c, m in tables.items()})
         reference = calls["shipped"]().float()

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import cold_l2_us  # noqa: E402
+from tq_decode import HK, random_decode_inputs  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-HK = 8
 FIELDS = ("sm", "start_ns", "end_ns", "start_clock", "end_clock", "tiles")  # one int64 each per program
 
 _READ = """    {name} = tl.inline_asm_elementwise("mov.u64 $0, %{register};", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
@@ -114,20 +114,6 @@ def summarize(trace: torch.Tensor, num_seqs: int, num_partitions: int, num_sms: 
     return lines
 
 
-def decode_inputs(decode, store, num_seqs: int, ctx: int, centroids, rotation, g):
-    """(query, kv_cache, block_table, seq_lens) for num_seqs sequences of ctx tokens at Hk = HK, on
-    centroids' device: random bf16 k and v written by the variant's store into shuffled blocks."""
-    dev, d, bs = centroids.device, decode.HEAD_DIM, decode.BS
-    nb = ctx // bs
-    query = torch.randn(num_seqs, HK * decode.QG, d, device=dev, generator=g, dtype=torch.bfloat16)
-    cache = torch.zeros(num_seqs * nb, decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-    table = torch.randperm(num_seqs * nb, device=dev, generator=g).view(num_seqs, nb).int()
-    for s in range(num_seqs):  # one sequence at a time: k and v of 64 x 32K would take 1 GB
-        k, v = (torch.randn(ctx, HK, d, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(2))
-        store.tq_store(cache, k, v, (table[s].long()[:, None] * bs + torch.arange(bs, device=dev)).reshape(-1), centroids, rotation)
-    return query, cache, table, torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
-
-
 def default_splits(decode, num_seqs: int, max_blocks: int, device) -> list[tuple[int, int]]:
     shipped = decode.decode_partitions(max_blocks, num_seqs, HK, device)
     groups = -(-max_blocks * decode.BS // decode.GROUP)
@@ -157,7 +143,7 @@ def main() -> None:
     centroids, rotation = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
     for config in args.configs.split(","):
         num_seqs, ctx = (int(x) for x in config.split("x"))
-        query, cache, table, seq_lens = decode_inputs(decode, store, num_seqs, ctx, centroids, rotation, g)
+        query, cache, table, seq_lens = random_decode_inputs(decode, store, num_seqs, ctx, g, centroids, rotation)
         nb = table.shape[1]
         q_rot, codebook = decode.rotate_query(query, rotation, centroids)
         splits = [tuple(int(x) for x in s.split("x")) for s in args.splits.split(",")] if args.splits else default_splits(plain, num_seqs, nb, dev)
