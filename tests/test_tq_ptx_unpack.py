@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -301,19 +300,3 @@ def test_model_of_prmt_and_lop3():
     neg = np.array([0x000080FF], dtype=np.uint32)
     assert _prmt(neg, np.zeros(1, np.uint32), 0x9810)[0] == 0xFFFF80FF  # bit 3: replicate the sign of byte 1, byte 0
     assert _lop3(np.array([0xF0], np.uint32), np.array([0xCC], np.uint32), np.array([0xAA], np.uint32), 0xD8)[0] == 0xD8
-
-
-def test_the_k_table_benchmark_extracts_every_byte():
-    """benchmarks/tq_decode_k_table.py's variant takes K's bytes apart with byte permutes on the
-    GPU (the interpreter runs the shift-and-mask arm): byte i of every word, zero-extended."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from tq_decode_k_table import _LOOKUP
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    fn = next(n for n in ast.parse(_LOOKUP).body if isinstance(n, ast.FunctionDef))
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "inline_asm_elementwise"]
-    (asm,) = [ast.literal_eval(c.args[0]) for c in calls if "prmt" in ast.literal_eval(c.args[0])]
-    out = run_ptx(asm, {"$4": WORDS})
-    for i in range(4):
-        assert np.array_equal(out[f"${i}"], (WORDS >> (8 * i)) & 0xFF), i

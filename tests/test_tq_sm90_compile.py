@@ -88,19 +88,3 @@ def test_the_trace_benchmark_instruments_every_decode_module(tmp_path):
     assert trace.shape[1] == len(FIELDS)
     report = "\n".join(summarize(trace.flatten(), 2, 3, 6))
     assert "SMs holding k programs: 0: 1, 9: 2, 10: 3" in report and "part 2: 10 tiles" in report, report
-
-
-def test_the_k_table_benchmark_variant_compiles_for_sm90(tmp_path):
-    """The K byte-table variant benchmarks/tq_decode_k_table.py times (8 copies) compiles for sm_90
-    within the module's register cap and without spills (its numerics: tests/test_tq_triton.py)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from tq_decode_k_table import k_table_variant
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    default = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
-    copy = tmp_path / default.name
-    copy.write_text(k_table_variant(default.read_text(), f"{default.stem}_kernel", 8))
-    (decode,) = [r for r in compile_sm90(copy) if r["kernel"].endswith("_bs16_kernel")]
-    assert decode["ok"], decode
-    assert decode["stack"] == 0 and decode["registers"] <= decode["maxnreg"], decode
