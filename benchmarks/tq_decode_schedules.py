@@ -2,11 +2,11 @@
 
 Run from the project root on a CUDA machine:
   python benchmarks/tq_decode_schedules.py [--variant d128_qg8_bs16] [--configs 16x32768,...]
-      [--schedules 128:4:168,32:1:168,64:2:168]
+      [--schedules 64:2:168,128:4:168,32:1:168]
 A schedule is TILE_TOKENS:num_warps:maxnreg (maxnreg 0: no cap, and the module's own wave). In
 the chunked form (QG <= 8) each warp owns one 32-token chunk of a tile, so TILE_TOKENS = 32 x
-num_warps there; the default list is the shipped schedule and the same loop in programs of one
-and two warps.
+num_warps there; the default list is the shipped d128 schedule (2 warps since session 24) and
+the same loop in programs of four and one warps.
 
 Why one-warp programs: the shipped d128 loop (4 warps) has 6 CTA-wide barriers per tile, from
 Triton's shared-memory layout conversions (the per-token metadata, and P^T for the PV MMA), and
@@ -15,6 +15,9 @@ ncu put 0.82 cycles of barrier stall on every issued instruction of session 16's
 conversions synchronize one warp, so warps no longer wait for each other; 12 programs then share
 an SM (168 registers), and the host's partition rule, sized by that wave, picks 4x the
 partitions. (Session 17's lab that cut the barriers from 6 to 2 ran 0.97-1.01x.)
+Session 24 measured the three (RESULTS): 2-warp programs gained 1.02-1.06x from 1 x 32K up on
+the H200 (1.39x at 64 x 32K on an H100, where 4-warp programs left a second wave) and lost 0.90x
+at 1 x 1K; they ship for d128. One-warp programs were no faster than two.
 
 For each config and schedule: the partitions the wrapper's rule picks for that schedule's wave,
 the whole pipeline's device time with a cold L2 (rotate + decode + merge, as `tq_decode` runs
@@ -41,7 +44,7 @@ from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 from kgen.ops.tq_triton import _programs_per_sm  # noqa: E402
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-DEFAULT_SCHEDULES = "128:4:168,32:1:168,64:2:168"
+DEFAULT_SCHEDULES = "64:2:168,128:4:168,32:1:168"
 
 
 def programs_per_sm(warps: int, max_registers: int) -> int:

@@ -64,12 +64,15 @@ def test_head_dim_shapes_the_derived_numbers(sources):
         d, c = plan.consts["HEAD_DIM"], plan.consts
         assert c["PAIRS"] == d // 2
         if variant.values["kind"] == "decode":
-            assert c["TILE_TOKENS"] == 128 and c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
             # the register cap up to d128's tile of packed bytes (d256 spills under it); the
-            # chunked d128 loop holds the next tile's K in registers: 168, 3 programs an SM
+            # chunked d128 loop holds the next tile's K in registers (168) and runs 2-warp
+            # programs of 64-token tiles, 6 an SM (H200 and H100, session 24); the rest 4 warps
             chunked_d128 = d == 128 and c["QG"] <= 8
+            assert (c["TILE_TOKENS"], c["NUM_WARPS"]) == ((64, 2) if chunked_d128 else (128, 4))
+            assert c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
             assert c["MAX_REGISTERS"] == (168 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
-            assert c["PROGRAMS_PER_SM"] == {168: 3, 128: 4, None: 2}[c["MAX_REGISTERS"]]
+            assert c["PROGRAMS_PER_SM"] == (6 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
+            assert f"num_warps={c['NUM_WARPS']}," in sources[name][1]
             # one softmax state per warp up to 8 query heads, with the lane plan of d64 and d128
             # (one or two V words per lane); d256 measured slower with it (session 16)
             assert c["CHUNKED"] == (c["QG"] <= 8 and d <= 128)
@@ -205,7 +208,7 @@ def test_decode_partitions_fill_half_a_wave_and_cover_the_table(modules, monkeyp
     """decode_partitions halves partition_plan's P while the halved grid still fills half a wave
     of resident programs; every choice stays a power of two that covers the table."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert mod.PROGRAMS_PER_SM == 3  # 65536 registers / (128 threads x 168)
+    assert mod.PROGRAMS_PER_SM == 6  # 65536 registers / (64 threads x 168)
     assert modules["tq_decode_triton_d64_qg4_bs16"].PROGRAMS_PER_SM == 4  # 128 registers
     assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
     cpu = torch.device("cpu")
@@ -455,11 +458,11 @@ def test_planted_head_dim_256_store_bug_fails_the_check(sources, tmp_path):
     assert all(not r["ok"] for r in verify_tq.check_store(first_block_only, SPEC, "cpu"))
 
 
-@pytest.mark.parametrize("tile, warps", [(32, 1), (64, 2)])
-def test_schedule_sweep_runs_programs_of_fewer_warps_correctly(modules, monkeypatch, tile, warps):
+@pytest.mark.parametrize("tile, warps", [(32, 1), (128, 4)])
+def test_schedule_sweep_runs_programs_of_other_warp_counts_correctly(modules, monkeypatch, tile, warps):
     """benchmarks/tq_decode_schedules.py launches the module's decode kernel with another tile and
-    warp count (one 32-token chunk per warp), for the GPU A/B of programs of one and two warps: the
-    same kernel with CHUNKS = warps must pass the variant's whole check."""
+    warp count (one 32-token chunk per warp), for the GPU A/B of programs of one and four warps
+    against the shipped two: the same kernel with CHUNKS = warps must pass the variant's whole check."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from tq_decode_schedules import Schedule

@@ -292,7 +292,7 @@ def resolve_softmax_scale(softmax_scale):
 
 
 Q_COLS = 8  # QG query heads padded to a power of two: the MMAs' N
-CHUNKS = 4  # token chunks of a tile, one per warp, each with its own softmax state
+CHUNKS = 2  # token chunks of a tile, one per warp, each with its own softmax state
 K_VEC = 16  # contiguous bytes of a token's K record per lane (4 lanes a token)
 K_WORDS = 4  # ... as int32 words
 STEP_PAIRS = 32  # bytes of a K record per QK step: two words in each of a token's 4 lanes
@@ -300,12 +300,12 @@ V_WORDS = 2  # int32 words of a token's V record per lane (8 lanes a token)
 PAIRS = 64  # bytes per packed K (or V) record; byte j holds elements 2j (low) and 2j+1 (high)
 NIBBLE_BITS = 4
 NIBBLE_MASK = 15
-TILE_TOKENS = 128  # tokens per inner-loop tile
+TILE_TOKENS = 64  # tokens per inner-loop tile
 ROTATE_ROWS = 16  # query rows per program of the rotation kernel
 ROTATE_CHUNK = 32  # rotation rows per tl.dot step
 ROTATE_STAGES = 4  # rotation chunks whose loads are in flight at once
 ROTATE_WARPS = 4  # warps per program of the rotation kernel
-PROGRAMS_PER_SM = 3  # decode programs resident on one SM at the kernel's register budget
+PROGRAMS_PER_SM = 6  # decode programs resident on one SM at the kernel's register budget
 # V levels n become fp16 without an int->float conversion (a quarter-rate instruction): the
 # fp16 bit pattern FP16_1024_BITS | n is exactly 1024 + n for 0 <= n < 1024, and subtracting
 # 1024 + V_LEVEL_MID (exact in fp16) leaves the centred level n - V_LEVEL_MID for the MMA.
@@ -1054,9 +1054,9 @@ def launch_decode_kernel(
             V_LEVEL_OFFSET=V_LEVEL_OFFSET,
             PTX_UNPACK=PTX_UNPACK,
             INTERPRETER_FIXUPS=INTERPRETER_FIXUPS,
-            num_warps=4,
+            num_warps=2,
             num_stages=1,
-            maxnreg=168,  # registers per thread, so that 3 programs share an SM (NVIDIA)
+            maxnreg=168,  # registers per thread, so that 6 programs share an SM (NVIDIA)
         ),
     )
 

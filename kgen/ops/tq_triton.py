@@ -58,6 +58,16 @@ CHUNKED_MAX_QG = 8
 # registers) it measured slower than session 13's chunked kernel (16 x 32K 1149.5 against 838.6
 # us, not profiled; the shared-tile form: 922.7), so d256 and other shapes take the shared-tile form.
 CHUNK_TOKENS = 32
+# Warps per chunked program (one 32-token chunk each), by K words per lane. d128 (4 words) runs
+# 2-warp programs: a finer grain than 4 warps evens out the SMs' work. H200, 2026-12-05, d128
+# qg8 bs16 at Hk 8, whole pipeline, cold L2 (benchmarks/tq_decode_schedules.py,
+# tq_schedules_s24_h200.log), 4 warps / 2 warps: 64 x 32K 1039.5 / 1006.9 us, 16 x 32K 274.9 /
+# 270.4, 4 x 32K 82.9 / 79.4, 16 x 8K 82.9 / 81.6, 1 x 32K 33.2 / 31.3, and the one loss, 1 x 1K
+# 14.4 / 16.0 (a 256-token partition is 4 tiles in a row instead of 2). On an H100 the same
+# change took 64 x 32K from 1553.0 to 1113.8 us: 512 4-warp programs for 396 resident slots left
+# a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs, 6 an SM, fit one.
+# d64 (2 words) keeps 4 warps: 2 were not timed.
+CHUNKED_WARPS = {2: 4, 4: 2}
 CHUNK_RUN = 16
 CHUNK_HEAD_DIM_STEP = 64
 CHUNK_MAX_V_WORDS = 2
@@ -131,14 +141,16 @@ def lower_kernel(ctx):
     tile = min(TILE_TOKENS_TARGET, group, TILE_PACKED_BYTES // pairs)
     if tile < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
-    # A warp's chunk is PV's K, so it must reach tl.dot's minimum K (head dims past 256 take shorter tiles).
-    chunk = tile // DECODE_WARPS
+    # The chunked form's lane plan needs whole 32-token chunks within the packed tile budget
+    # (head dims past 256 take shorter tiles, and a warp's chunk is PV's K).
     chunked = (
-        qg <= CHUNKED_MAX_QG and chunk == CHUNK_TOKENS and bs % CHUNK_RUN == 0
+        qg <= CHUNKED_MAX_QG and tile // DECODE_WARPS == CHUNK_TOKENS and bs % CHUNK_RUN == 0
         and d % CHUNK_HEAD_DIM_STEP == 0 and _words_per_lane(pairs)[1] <= CHUNK_MAX_V_WORDS
     )
     lanes = _chunk_lanes(ctx, pairs) if chunked else {}
+    warps = CHUNKED_WARPS[lanes["K_WORDS"]] if chunked else DECODE_WARPS
     if chunked:
+        tile = CHUNK_TOKENS * warps  # one chunk per warp
         max_registers = CHUNKED_MAX_REGISTERS[lanes["K_WORDS"]]
     else:
         max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
@@ -148,18 +160,18 @@ def lower_kernel(ctx):
         "CHUNKED": chunked,  # one softmax state per warp and transposed MMAs (else one shared tile state)
         # QG query heads padded to a power of two: the MMAs' N when chunked, else >= tl.dot's 16 rows
         ("Q_COLS" if chunked else "Q_ROWS"): q_rows,
-        **({"CHUNKS": DECODE_WARPS} if chunked else {}),  # token chunks of a tile: one per warp
+        **({"CHUNKS": warps} if chunked else {}),  # token chunks of a tile: one per warp
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
         "V_LEVEL_MID": 1 << (ctx.spec.options.quant.value_bits - 1),  # the middle V level, subtracted before PV
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
-        "NUM_WARPS": DECODE_WARPS,  # warps per program
+        "NUM_WARPS": warps,  # warps per program
         "NUM_STAGES": CHUNKED_STAGES if chunked else DECODE_STAGES,  # pipeline depth of the tile loop
         # registers per thread, so that PROGRAMS_PER_SM programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
-        "PROGRAMS_PER_SM": _programs_per_sm(DECODE_WARPS, max_registers),
+        "PROGRAMS_PER_SM": _programs_per_sm(warps, max_registers),
         **_v_unpack_constants(ctx),
         **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
@@ -214,12 +226,12 @@ def lower_kernel(ctx):
     p = printed
     program = (
         f"program (seq, kv_head, part): the QG={qg} query heads of kv_head, padded to {q_rows} columns (the MMAs' N), over tiles of {tile} tokens ({pairs * tile} packed bytes),"
-        f" each warp a chunk of {chunk} tokens with its own softmax state"
+        f" each warp a chunk of {CHUNK_TOKENS} tokens with its own softmax state"
         if chunked
         else f"program (seq, kv_head, part): the QG={qg} query rows of kv_head, padded to {q_rows} rows for tl.dot, over tiles of {tile} tokens ({pairs * tile} packed bytes)"
     )
     mma = (
-        f"QK: K . q_even^T + K . q_odd^T per chunk in {consts['QK_STEPS']} step(s) of two K words per lane (batched tl.dot, [{chunk} x {consts['STEP_PAIRS']}] . [{consts['STEP_PAIRS']} x {q_rows}]);"
+        f"QK: K . q_even^T + K . q_odd^T per chunk in {consts['QK_STEPS']} step(s) of two K words per lane (batched tl.dot, [{CHUNK_TOKENS} x {consts['STEP_PAIRS']}] . [{consts['STEP_PAIRS']} x {q_rows}]);"
         f" PV: V^T . P'^T per V word into {consts['V_WORDS']} [{d // consts['V_WORDS']} x {q_rows}] fp32 accumulator(s) per chunk, merged after the loop"
         if chunked
         else f"QK: q_even . C[low nibbles]^T + q_odd . C[high nibbles]^T, two tl.dot of K = {pairs}; PV: two tl.dot of K = {tile} into [{q_rows} x {pairs}] fp32 accumulators"
