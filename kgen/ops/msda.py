@@ -531,7 +531,6 @@ class Plan:
     dtype: str
     torch_dtype: str
     acc: str  # Triton dtype of the arithmetic: fp32, fp64 for the float64 variant
-    widen_ptx: bool  # the forward widens bf16 corner rows to fp32 with inline PTX on NVIDIA
     acc_torch: str
     target: str
     deterministic: bool
@@ -701,10 +700,6 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     dtype = variant.values["dtype"]
     target = NVIDIA_TARGETS[opts.schedule.target]
     acc = "float64" if dtype == "float64" else "float32"
-    # A bf16 is the high half of the fp32 of the same value, so two bf16 in a register widen with
-    # one shift and one mask. LLVM moves the high half down first (PRMT, then a shift): offline
-    # sm_90 SASS of the DETR bf16 forward, encoder class, 151 instructions a point instead of 165.
-    widen_ptx = dtype == "bfloat16"
     fixed_point_bits = 61
     if opts.schedule.deterministic and not target.native_atomic_add("int64"):
         raise SpecError(spec.path, None, "schedule.deterministic", f"needs int64 atomic adds: {target.atomic_add_reason('int64')}")
@@ -742,10 +737,6 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
              "sampling_locations lays (L, K, 2) out contiguously" if loc_pairs else "sampling_locations' (L, K, 2) axes are not one contiguous run"),
     ) + (
         Fact("arithmetic", acc, "fp64 for the float64 variant (gradcheck), else fp32"),
-    ) + (
-        (Fact("forward bf16 widening", "shl.b32 / and.b32 (NVIDIA)", "one instruction per value; .to(tl.float32) under the interpreter and on ROCm"),)
-        if widen_ptx else ()
-    ) + (
         Fact("backward grid", f"(cdiv(Q, BLOCK_Q), B*{M})", "as the forward; grad_loc, grad_attn: plain stores by their owner"),
     ) + tuple(
         Fact("grad_value accumulation" + (f" {a.size_class}" if grad_accum == "by size class" else ""), f"{a.kind} ({a.dtype})", a.why)
@@ -767,7 +758,6 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         dtype=dtype,
         torch_dtype=TORCH_DTYPE[dtype],
         acc=f"tl.{acc}",
-        widen_ptx=widen_ptx,
         acc_torch=TORCH_DTYPE[acc],
         target=target.arch,
         deterministic=opts.schedule.deterministic,
