@@ -77,9 +77,9 @@ CHUNKED_STAGES = 1
 # two K words per lane at a time and PV one V word at a time, so fewer unpacked values are live
 # (session 17, H200, decode kernel alone, d128 qg8 at Hk=8, lab A/B against session 16's loop:
 # 16 x 32K 314.9 -> 251.9 us, 64 x 32K 1061.4 -> 937.8, 1 x 32K 31.1 -> 26.0, 1 x 1K 9.2 -> 7.5).
-# Registers per thread by K words per lane: d128 (4 words) needs ~165, so capped at 168 3 programs
-# share an SM (capped at 128, 4 programs, it spills and runs at 0.93-1.01x of session 16's loop);
-# d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 4 programs fit.
+# Registers per thread by K words per lane: d128 (4 words) needs ~165, so capped at 168 12 warps
+# share an SM (capped at 128, 16 warps, it spills and runs at 0.93-1.01x of session 16's loop);
+# d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 16 warps fit.
 CHUNKED_MAX_REGISTERS = {2: 128, 4: 168}
 K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
 K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
