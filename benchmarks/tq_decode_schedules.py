@@ -17,8 +17,8 @@ an SM (168 registers), and the host's partition rule, sized by that wave, picks 
 partitions. (Session 17's lab that cut the barriers from 6 to 2 ran 0.97-1.01x.)
 Session 24 measured the three (RESULTS): 2-warp programs gained 1.02-1.06x from 1 x 32K up on
 the H200 (1.39x at 64 x 32K on an H100, where 4-warp programs left a second wave) and lost 0.90x
-at 1 x 1K; they ship for d128. One-warp programs beat two only at 4 x 32K on the H100 (81.0
-against 83.2 us) and lost at 1 x 32K and 1 x 1K.
+at 1 x 1K; they ship for d128. One-warp programs beat two by more than 1% only at 4 x 32K on
+the H100 (81.0 against 83.2 us) and lost at 1 x 32K and 1 x 1K.
 
 For each config and schedule: the partitions the wrapper's rule picks for that schedule's wave,
 the whole pipeline's device time with a cold L2 (rotate + decode + merge, as `tq_decode` runs

@@ -142,7 +142,9 @@ def lower_kernel(ctx):
     if tile < MIN_DOT:
         raise ctx.reject("dims.head_dim", f"head_dim {d} leaves {tile}-token tiles within the {TILE_PACKED_BYTES}-byte packed tile budget, below tl.dot's minimum N of {MIN_DOT}", f"nearest that works: {per_byte * TILE_PACKED_BYTES // MIN_DOT}")
     # The chunked form's lane plan needs whole 32-token chunks within the packed tile budget
-    # (head dims past 256 take shorter tiles, and a warp's chunk is PV's K).
+    # (head dims past 256 take shorter tiles, and a warp's chunk is PV's K). Eligibility is
+    # judged on the 4-warp tile, the one the lane plan was measured on at every head dim; the
+    # chunked tile is then one chunk per warp of CHUNKED_WARPS.
     chunked = (
         qg <= CHUNKED_MAX_QG and tile // DECODE_WARPS == CHUNK_TOKENS and bs % CHUNK_RUN == 0
         and d % CHUNK_HEAD_DIM_STEP == 0 and _words_per_lane(pairs)[1] <= CHUNK_MAX_V_WORDS
