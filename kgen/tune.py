@@ -1,9 +1,9 @@
 """Schedule tuning: the spec declares candidates and size classes, `kgen tune` (CUDA only) times
 them and writes the winners to a checked-in tuning file, which generation reads.
 
-    spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop}, size_classes: [...]}
+    spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop, corners}, size_classes: [...]}
     file  specs/<name>.tuning.json: {"spec", "tuned_on", "schedules": {variant: {class: {forward,
-          backward}: {block_q, num_warps, num_stages, point_loop, us, default_us}}}}
+          backward}: {block_q, num_warps, num_stages, point_loop, corners, us, default_us}}}}
 
 A generated wrapper picks its size class from the call's B*Q with a host-side rule (no per-call
 tuning) and launches that class's schedule. The tuning file's sha256 goes into every generated
@@ -32,14 +32,22 @@ from typing import Any, Callable, Mapping
 from kgen.errors import KgenError, SpecError
 from kgen.spec import reader as r
 
-LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages", "point_loop")
+LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages", "point_loop", "corners")
 DIRECTIONS = ("forward", "backward")
 POINT_LOOPS = ("unrolled", "run_time")  # the kernel's loop over sampling points: static_range or tl.range
+# How the forward adds a sample's four bilinear corners into its accumulator: as one weighted sum
+# (summed), or each corner by its own fused multiply-add, with bf16 rows widened by inline PTX on
+# NVIDIA (fused): fewer instructions, but a longer dependency chain through the accumulator.
+CORNER_FORMS = ("summed", "fused")
+# Fields only one direction's kernel reads: the tuner times the other direction at the field's
+# default alone (its other values would time the same kernel again).
+ONE_DIRECTION_FIELDS = {"corners": "forward"}
 FIELD_CHECKS = {
     "block_q": r.power_of_two(8, 256),
     "num_warps": r.power_of_two(1, 16),
     "num_stages": r.integer(1, 8),
     "point_loop": r.one_of(*POINT_LOOPS),
+    "corners": r.one_of(*CORNER_FORMS),
 }
 
 
@@ -51,9 +59,10 @@ class Launch:
     num_warps: int
     num_stages: int
     point_loop: str = "unrolled"  # POINT_LOOPS; "unrolled" yields to a run-time loop where unrolling is too large
+    corners: str = "summed"  # CORNER_FORMS (the forward only)
 
     def __str__(self) -> str:
-        return f"block_q={self.block_q} num_warps={self.num_warps} num_stages={self.num_stages} point_loop={self.point_loop}"
+        return " ".join(f"{f}={getattr(self, f)}" for f in LAUNCH_FIELDS)
 
 
 # Fields a spec's candidates or a tuning file may leave out (Launch's defaults: what kernels
@@ -354,12 +363,21 @@ def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, direct
     op = OPS[spec.op]
     log = log or (lambda line: print(line, flush=True))
     cases = sizes if sizes is not None else spec.options.gpu_cases
+    default = op.default_launch(spec)
     results: dict[tuple[str, str], list[Timed]] = {}
     for launch in op.tune_candidates(spec, variant):
+        # A field only the other direction reads, off its default: this direction's kernel is
+        # the same as at the default, which is timed already.
+        timed_directions = [
+            direction for direction in directions
+            if all(ONE_DIRECTION_FIELDS.get(f, direction) == direction or getattr(launch, f) == getattr(default, f) for f in LAUNCH_FIELDS)
+        ]
+        if not timed_directions:
+            continue
         module = render_module(spec, variant, launch, root, directory)
         for size_class in spec.options.tune.classes:
             work = op.tune_workload(module, spec, variant, cases[size_class.case], device)
-            for direction in directions:
+            for direction in timed_directions:
                 timed = _time_one(work, direction, launch, timer)
                 results.setdefault((size_class.name, direction), []).append(timed)
                 shown = f"{timed.us:.1f} us" if timed.us is not None else f"refused: {timed.why}"

@@ -1,4 +1,5 @@
-"""Compile generated Triton TQ decode kernels for sm_90 without a GPU: `python tests/sm90_compile.py PATH...`.
+"""Compile generated Triton kernels for sm_90 without a GPU: `python tests/sm90_compile.py PATH...`
+(TQ decode modules: rotation, decode and merge; MSDA modules: the forward of each size class).
 
 Run in a process without TRITON_INTERPRET (the kernels must be JIT functions). Each module's
 launch functions are called with small CPU tensors while `_run` is replaced by a recorder, so
@@ -58,6 +59,23 @@ def record_launches(module) -> list[tuple]:
     return launches
 
 
+def record_msda_launches(module) -> list[tuple]:
+    """(kernel, run-time args, options) of the forward launch of each size class of an MSDA module."""
+    launches = []
+    module._run = lambda kernel, grid, args, variant, options: launches.append((kernel, args, options()))
+    heads, head_dim, levels, points = module.HEADS, module.HEAD_DIM, module.LEVELS, module.POINTS
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}[module.__name__.split("_")[2]]
+    smaller = 0  # B*Q of the class below: the last class (max None) takes everything past it
+    for _, max_rows, *_ in module.SCHEDULES:
+        queries, smaller = (smaller + 1, smaller) if max_rows is None else (max_rows, max_rows)  # B = 1
+        shapes = torch.ones(levels, 2, dtype=torch.int64)
+        value = torch.zeros(1, levels, heads, head_dim, dtype=dtype)
+        locations = torch.zeros(1, queries, heads, levels, points, 2, dtype=dtype)
+        weights = torch.zeros(1, queries, heads, levels, points, dtype=dtype)
+        module._forward_impl(value, shapes, torch.arange(levels), locations, weights)
+    return launches
+
+
 def compile_launch(kernel, args, options) -> dict:
     names = kernel.arg_names
     constexprs = {k: v for k, v in options.items() if k not in LAUNCH_OPTIONS}
@@ -88,7 +106,7 @@ def main() -> None:
     for path in map(Path, sys.argv[1:]):
         name = path.stem
         module = load(path)
-        for kernel, args, options in record_launches(module):
+        for kernel, args, options in (record_msda_launches if name.startswith("msda_") else record_launches)(module):
             record = {"module": name, "kernel": kernel.__name__}
             try:
                 record.update(ok=True, **compile_launch(kernel, args, options))

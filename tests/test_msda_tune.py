@@ -64,10 +64,12 @@ def test_candidates_skip_schedules_whose_register_tile_does_not_fit():
     # BLOCK_D 128: block_q * 128 values over 32 * num_warps threads must stay within 1 to 32 each.
     # L*K = 40 samples: unrolled, only 16 x 128 over 8 warps (8 values each) stays within
     # UNROLLED_TILE_VALUES (40 * 8 = 320 <= 512); every other fitting tile has run-time loops only.
+    # Each in both corner forms.
     fits = [(16, 2, 1), (16, 4, 1), (16, 8, 1), (32, 4, 1), (32, 8, 1), (64, 8, 1)]
-    assert wide == sorted([Launch(*f, "run_time") for f in fits] + [Launch(16, 8, 1, "unrolled")])
+    loops = [(*f, "run_time") for f in fits] + [(16, 8, 1, "unrolled")]
+    assert wide == sorted(Launch(*f, corners) for f in loops for corners in ("summed", "fused"))
     narrow = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m16_d16_l2_k4"))
-    assert len(narrow) == 18 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time") in narrow  # 64 x 16 over 64 threads: 16 each
+    assert len(narrow) == 36 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time", "fused") in narrow  # 64 x 16 over 64 threads: 16 each
 
 
 def test_candidates_always_include_the_spec_default(tmp_path):
@@ -119,7 +121,7 @@ GOOD = {"block_q": 16, "num_warps": 2, "num_stages": 1, "us": 5.25, "default_us"
          "schedules.msda_fwd_f32_m8_d40_l4_k4", "not a variant of"),
         ({SMALL: {"tiny": {"forward": GOOD}}}, '"tiny"', f"schedules.{SMALL}.tiny", "expected a size class of the spec's tune.size_classes (decoder, encoder)"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, block_q=128, num_warps=8)}}}, '"forward"', f"schedules.{SMALL}.decoder.forward",
-         "block_q=128 num_warps=8 num_stages=1 point_loop=unrolled: not among tune.candidates"),
+         "block_q=128 num_warps=8 num_stages=1 point_loop=unrolled corners=summed: not among tune.candidates"),
         ({"msda_fwd_f32_m2_d128_l5_k8": {"encoder": {"backward": dict(GOOD, block_q=64)}}}, '"backward"',
          "schedules.msda_fwd_f32_m2_d128_l5_k8.encoder.backward", "a BLOCK_Q x BLOCK_D = 64 x 128 tile over 2 warps is 128 values per thread"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, num_warps=3)}}}, '"num_warps"', f"schedules.{SMALL}.decoder.forward.num_warps",
@@ -232,6 +234,45 @@ def test_point_loop_per_size_class_takes_a_step_per_launch_and_every_class_runs(
     assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
 
 
+def test_corner_form_per_size_class_is_a_constexpr_per_launch_and_every_class_runs(tmp_path):
+    """Tuned entries that fuse the decoder forward's corners and sum the encoder's (as measured
+    for the 16-bit decoder, benchmarks/RESULTS.md session 24): the forward kernel takes
+    FUSED_CORNERS per launch and holds both forms; a bf16 module also widens by PTX where fused
+    (never under the interpreter); every class matches the reference under the interpreter."""
+    fused = dict(GOOD, corners="fused")
+    entries = {SMALL: {"decoder": {"forward": fused, "backward": GOOD}, "encoder": {"forward": GOOD, "backward": GOOD}}}
+    spec = load_spec(spec_copy(tmp_path, narrow(), tuning=tuning(entries)))
+    text = next(o.text for o in generate(spec, ROOT) if o.variant == SMALL)
+    assert '("decoder", 8192, (16, 2, 1, 4, True), (16, 2, 1, 2, 12), torch.float32),' in text
+    assert '("encoder", None, (16, 2, 1, 4, False), (16, 2, 1, 2, 12), torch.float32),' in text
+    forward = text[text.index("def _msda_fwd_f32_m1_d24_l3_k4_kernel(") : text.index("def _corner_backward")]
+    assert "FUSED_CORNERS: tl.constexpr," in forward and "            if FUSED_CORNERS:\n" in forward
+    assert forward.count("acc += v") == 4 and "acc += (" in forward
+    assert "WIDEN_PTX" not in text  # float32: nothing to widen
+    path = tmp_path / f"{SMALL}.py"
+    path.write_text(text)
+    module = load_module(path)
+    assert module._launch(8192, backward=False)[1]["FUSED_CORNERS"] is True and module._launch(8193, backward=False)[1]["FUSED_CORNERS"] is False
+    assert "FUSED_CORNERS" not in module._launch(8192, backward=True)[1]
+    results = check(module, spec, variant(spec, SMALL), "cpu")
+    forced = [r for r in results if r["case"].startswith("[encoder schedule]")]
+    assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
+
+
+def test_fused_corners_everywhere_leave_one_form_and_bf16_widens_by_ptx_on_nvidia_only(tmp_path):
+    text = SPEC_TEXT.replace("  block_q: 32        # queries per program", "  corners: fused\n  block_q: 32        # queries per program")
+    spec = load_spec(spec_copy(tmp_path, text))
+    outputs = {o.variant: o.text for o in generate(spec, ROOT) if o.variant in ("msda_fwd_bf16_m1_d24_l3_k4", "msda_fwd_f16_m1_d24_l3_k4")}
+    assert len(outputs) == 2
+    for name, out in outputs.items():
+        forward = out[out.index(f"def _{name}_kernel(") : out.index("def _corner_backward")]
+        assert "FUSED_CORNERS" not in out and forward.count("acc += v") == 4 and "acc += (" not in forward, name
+        assert ("WIDEN_PTX: tl.constexpr," in forward) == ("bf16" in name), name
+    bf16 = outputs["msda_fwd_bf16_m1_d24_l3_k4"]
+    assert 'WIDEN_PTX = not _INTERPRETED and torch.version.hip is None' in bf16
+    assert 'launch["WIDEN_PTX"] = WIDEN_PTX\n' in bf16
+
+
 # ---- the tuner, end to end on CPU with an injected timer -----------------------------------------
 
 # Two candidates x two classes x (forward, backward), in the order the tuner times them.
@@ -242,7 +283,7 @@ FAKE_US = {
 
 
 def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys):
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]")
     path = spec_copy(tmp_path, text)
     order = iter(sorted(FAKE_US, key=lambda k: (k[0], k[1] == "encoder", k[2] == "backward")))
     calls = []
@@ -263,7 +304,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
                    ("encoder", "forward"): (32, 4.0, 4.0), ("encoder", "backward"): (16, 3.0, 10.0)}
     assert written["tuned_on"]["device"] == "cpu (Triton interpreter)"
     out = capsys.readouterr().out
-    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1 point_loop=unrolled, 5.0 us (spec default: 6.0 us)" in out
+    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1 point_loop=unrolled corners=summed, 5.0 us (spec default: 6.0 us)" in out
     spec = load_spec(path)  # generation reads what the tuner wrote
     row = next(c for c in msda.schedules(spec, variant(spec, SMALL)) if c.name == "encoder")
     assert (row.forward, row.backward) == (Launch(32, 4, 1), Launch(16, 4, 1))
@@ -276,7 +317,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
 def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_path):
     """--direction backward (after a change to the backward kernel): only backward launches are
     timed, the tuning file's forward entries stay as they were."""
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]")
     forward = dict(GOOD, block_q=32, num_warps=4)
     entries = {SMALL: {c: {"forward": forward, "backward": forward} for c in ("decoder", "encoder")}}
     path = spec_copy(tmp_path, text, tuning=tuning(entries))
@@ -294,6 +335,29 @@ def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
     assert {c: (e["forward"]["block_q"], e["forward"]["us"]) for c, e in written.items()} == {"decoder": (32, 5.25), "encoder": (32, 5.25)}
     assert {c: (e["backward"]["block_q"], e["backward"]["us"]) for c, e in written.items()} == {"decoder": (32, 8.0), "encoder": (16, 3.0)}
+
+
+def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
+    """corners changes the forward kernel only: its fused candidates are timed forward, and the
+    backward is timed once per other schedule (it would be the same kernel again)."""
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
+    path = spec_copy(tmp_path, text)
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return 1.0 if len(calls) in (1, 2) else 9.0  # (16, fused) forward, decoder and encoder: the winner
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    # In order: (16, fused) forward only, per class (calls 1, 2), (16, summed) forward and
+    # backward (3-6), the default (32, summed) forward and backward (7-10).
+    assert len(calls) == 10
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
+    assert {c: e["forward"]["corners"] for c, e in written.items()} == {"decoder": "fused", "encoder": "fused"}
+    assert {c: e["backward"]["corners"] for c, e in written.items()} == {"decoder": "summed", "encoder": "summed"}
 
 
 class _Work:

@@ -67,6 +67,12 @@ MSDA = Struct(
                         "levels x points x tile values per thread would take LLVM minutes), or a run-time `tl.range` loop.",
                         default=FIELD_DEFAULTS["point_loop"],
                     ),
+                    "corners": Field(
+                        FIELD_CHECKS["corners"],
+                        "How the forward adds a sample's four bilinear corners: one weighted sum (`summed`), or one fused "
+                        "multiply-add each into the accumulator (`fused`; bf16 rows then widen to fp32 by inline PTX on NVIDIA).",
+                        default=FIELD_DEFAULTS["corners"],
+                    ),
                     "target": Field(
                         r.one_of(*NVIDIA_TARGETS),
                         "The NVIDIA GPU the backward is planned for: grad_value is scattered with native atomic adds "

@@ -122,6 +122,7 @@ class Schedule:
     num_warps: int
     num_stages: int
     point_loop: str  # tune.POINT_LOOPS
+    corners: str  # tune.CORNER_FORMS: how the forward adds a sample's four corners
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
     # "native": the input dtype's atomics where the target has them; "fp32": never narrower than
@@ -130,7 +131,7 @@ class Schedule:
 
     @property
     def launch(self) -> Launch:
-        return Launch(self.block_q, self.num_warps, self.num_stages, self.point_loop)
+        return Launch(self.block_q, self.num_warps, self.num_stages, self.point_loop, self.corners)
 
     def accumulation_for(self, size_class: str) -> str:
         choice = self.grad_accumulation
@@ -201,6 +202,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         num_warps=sched.get("num_warps", r.power_of_two(1, 16)),
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
         point_loop=sched.get("point_loop", FIELD_CHECKS["point_loop"], default=FIELD_DEFAULTS["point_loop"]),
+        corners=sched.get("corners", FIELD_CHECKS["corners"], default=FIELD_DEFAULTS["corners"]),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
         grad_accumulation=sched.get("grad_accumulation", Accumulation(), default="native"),
@@ -547,6 +549,9 @@ class Plan:
     block_d: int
     point_loops: Mapping[str, PointLoop]  # by direction (DIRECTIONS)
     point_steps: tuple[int, ...]  # per size class: the forward's points per loop step
+    corners: str  # the forward's corner form (tune.CORNER_FORMS), or "by_class": FUSED_CORNERS per launch
+    fused_corners: tuple[bool, ...]  # per size class: each corner by its own fused multiply-add
+    widen_ptx: bool  # bf16 corner rows widen to fp32 by inline PTX (NVIDIA) where corners are fused
     sample_steps: tuple[tuple[int, int], ...]  # per size class: the backward's (SAMPLE_STEP, samples per loop trip)
     loc_pairs: bool  # locations lay (L, K, 2) out contiguously: the backward stores x and y as one tile
     schedules: tuple[ClassSchedule, ...]
@@ -611,6 +616,7 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     sample_steps = tuple(
         (step, step if run_time(c.backward) else L * K) for c in plans for step in [sample_step(L, K, block_d, c.backward)]
     )
+    corner_forms = tuple(c.forward.corners for c in plans)
     point_loops = {
         "forward": _point_loop(L, K, list(point_steps), any(too_large(c.forward) for c in plans)),
         "backward": _point_loop(L, K, [trip for _, trip in sample_steps], any(too_large(c.backward) for c in plans), unrolled_step=L * K),
@@ -727,6 +733,9 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         Fact("channel mask", "emitted" if channel_mask else "omitted", f"D={D}, BLOCK_D={block_d}"),
         Fact("out-of-image corners", opts.padding, "masked loads with other=0 (grid_sample padding_mode='zeros')"),
     ) + (
+        Fact("corners forward", ", ".join(f"{c.name} {form}" for c, form in zip(plans, corner_forms)),
+             "summed: one weighted sum of the four corner rows per sample; fused: one multiply-add per corner into the "
+             "accumulator" + (", bf16 rows widened by inline PTX on NVIDIA" if dtype == "bfloat16" else "")),
         Fact("point loop forward", point_loops["forward"].form.replace("_", " "),
              f"points per step by class: {', '.join(f'{c.name} {steps}' for c, steps in zip(plans, point_steps))}; "
              f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
@@ -774,6 +783,9 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         block_d=block_d,
         point_loops=point_loops,
         point_steps=point_steps,
+        corners=corner_forms[0] if len(set(corner_forms)) == 1 else "by_class",
+        fused_corners=tuple(form == "fused" for form in corner_forms),
+        widen_ptx=dtype == "bfloat16" and "fused" in corner_forms,
         sample_steps=sample_steps,
         loc_pairs=loc_pairs,
         schedules=plans,
