@@ -3,7 +3,11 @@ them and writes the winners to a checked-in tuning file, which generation reads.
 
     spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop, corners}, size_classes: [...]}
     file  specs/<name>.tuning.json: {"spec", "tuned_on", "schedules": {variant: {class: {forward,
-          backward}: {block_q, num_warps, num_stages, point_loop, corners, us, default_us}}}}
+          backward}: {block_q, num_warps, num_stages, point_loop, corners, us, default_us,
+          [tuned_on]}}}}
+
+An entry timed on another machine than the file's `tuned_on` (a later `kgen tune --only` run)
+carries its own `tuned_on`, so every schedule names the GPU and versions it was chosen on.
 
 A generated wrapper picks its size class from the call's B*Q with a host-side rule (no per-call
 tuning) and launches that class's schedule. The tuning file's sha256 goes into every generated
@@ -25,7 +29,7 @@ import os
 import re
 import statistics
 import tempfile
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -217,6 +221,7 @@ class Entry:
     line: int | None
     us: float | None = None  # the winner's time, for review
     default_us: float | None = None  # the spec default's time at the same size
+    tuned_on: Mapping[str, str] | None = None  # where it was timed (None: as the file's tuned_on)
 
 
 @dataclass(frozen=True)
@@ -268,23 +273,28 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
             for direction in DIRECTIONS:
                 if not per_class.has(direction):
                     continue
-                entries[(variant, class_name, direction)] = _entry(per_class.section(direction))
+                entries[(variant, class_name, direction)] = _entry(per_class.section(direction), tuned_on)
             per_class.finish()
     root.finish()
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return Tuning(shown, digest, tuned_on, entries, variant_lines)
 
 
-def _entry(section: r.Section) -> Entry:
+def _entry(section: r.Section, file_tuned_on: Mapping[str, str]) -> Entry:
     values = {name: section.get(name, FIELD_CHECKS[name], default=FIELD_DEFAULTS.get(name, r.REQUIRED)) for name in LAUNCH_FIELDS}
     us = section.get("us", r.number(0.0), default=None)
     default_us = section.get("default_us", r.number(0.0), default=None)
+    tuned_on = dict(file_tuned_on)
+    if section.has("tuned_on"):
+        on = section.section("tuned_on")
+        tuned_on = {key: on.get(key, r.text) for key, _, _ in list(on.entries())}
     section.finish()
-    return Entry(Launch(**values), section.line, us, default_us)
+    return Entry(Launch(**values), section.line, us, default_us, tuned_on)
 
 
 def tuning_text(spec_name: str, tuned_on: Mapping[str, str], entries: Mapping[tuple[str, str, str], Entry]) -> str:
-    """The tuning file's bytes: sorted keys, two-space indent, one trailing newline (stable diffs)."""
+    """The tuning file's bytes: sorted keys, two-space indent, one trailing newline (stable diffs).
+    An entry timed elsewhere than `tuned_on` keeps its own."""
     schedules: dict = {}
     for (variant, size_class, direction), entry in sorted(entries.items()):
         row: dict[str, Any] = {f: getattr(entry.launch, f) for f in LAUNCH_FIELDS}
@@ -292,6 +302,8 @@ def tuning_text(spec_name: str, tuned_on: Mapping[str, str], entries: Mapping[tu
             row["us"] = round(entry.us, 2)
         if entry.default_us is not None:
             row["default_us"] = round(entry.default_us, 2)
+        if entry.tuned_on is not None and dict(entry.tuned_on) != dict(tuned_on):
+            row["tuned_on"] = dict(entry.tuned_on)
         schedules.setdefault(variant, {}).setdefault(size_class, {})[direction] = row
     body = {"spec": spec_name, "tuned_on": dict(tuned_on), "schedules": schedules}
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
@@ -469,20 +481,24 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
     for spec in specs:
         config: TuneConfig = spec.options.tune
         path = tuning_path(spec.path, config)
-        entries = dict(load_tuning(spec.path, spec.name, config).entries)
+        existing = load_tuning(spec.path, spec.name, config)
+        entries = dict(existing.entries)
         chosen = tuned_variants(spec, args.only)
         if getattr(args, "missing", False):
             chosen = [v for v in chosen if not any(key[0] == v.name for key in entries)]
         if not chosen:
             print(f"kgen tune: no variant of {spec.path} left to tune (tune.exclude, --only, --missing)")
             continue
-        tuned_on = _tuned_on(device)
-        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, on {tuned_on['device']}", flush=True)
+        run_on = _tuned_on(device)
+        # The file keeps the machine it names (its other entries were timed there); winners timed
+        # elsewhere carry their own.
+        tuned_on = existing.tuned_on if existing.sha256 is not None else run_on
+        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, on {run_on['device']}", flush=True)
         with tempfile.TemporaryDirectory(prefix="kgen-tune-") as tmp:
             for variant in chosen:
                 directions = (args.direction,) if getattr(args, "direction", None) else DIRECTIONS
                 results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes, directions=directions)
-                best = winners(spec, variant, results)
+                best = {key: replace(entry, tuned_on=run_on) for key, entry in winners(spec, variant, results).items()}
                 entries.update(best)
                 for (_, size_class, direction), entry in best.items():
                     base = f" (spec default: {entry.default_us:.1f} us)" if entry.default_us is not None else ""

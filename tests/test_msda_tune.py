@@ -335,6 +335,12 @@ def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
     assert {c: (e["forward"]["block_q"], e["forward"]["us"]) for c, e in written.items()} == {"decoder": (32, 5.25), "encoder": (32, 5.25)}
     assert {c: (e["backward"]["block_q"], e["backward"]["us"]) for c, e in written.items()} == {"decoder": (32, 8.0), "encoder": (16, 3.0)}
+    # The file still names the GPU its other entries were timed on; the new ones name their own.
+    whole = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())
+    assert whole["tuned_on"]["device"] == "NVIDIA H200"
+    assert all("tuned_on" not in e["forward"] and e["backward"]["tuned_on"]["device"] == "cpu (Triton interpreter)" for e in written.values())
+    text = next(o.text for o in generate(load_spec(path), ROOT) if o.variant == SMALL)
+    assert "# decoder: forward tuned on NVIDIA H200 and backward tuned on cpu (Triton interpreter); grad_value" in text
 
 
 def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):

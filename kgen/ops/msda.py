@@ -447,7 +447,7 @@ def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tup
     allowed = set(tune_candidates(spec, variant))
     out = []
     for c in classes:
-        chosen, tuned = {}, []
+        chosen, tuned = {}, {}  # tuned: direction -> the GPU it was timed on
         for direction in DIRECTIONS:
             entry = tuning.get(variant.name, c.name, direction)
             if launch is not None or entry is None:
@@ -458,9 +458,12 @@ def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tup
                 field = f"schedules.{variant.name}.{c.name}.{direction}"
                 raise SpecError(tuning.path, entry.line, field, f"{entry.launch}: {why}; re-run kgen tune, or delete the entry to use the spec's schedule")
             chosen[direction] = entry.launch
-            tuned.append(direction)
-        device = tuning.tuned_on.get("device", "a GPU")
-        source = "forced (kgen tune)" if launch is not None else f"{' and '.join(tuned)} tuned on {device}" if tuned else "spec defaults (not tuned)"
+            tuned[direction] = (entry.tuned_on or tuning.tuned_on).get("device", "a GPU")
+        if len(set(tuned.values())) > 1:
+            where = " and ".join(f"{direction} tuned on {device}" for direction, device in tuned.items())
+        elif tuned:
+            where = f"{' and '.join(tuned)} tuned on {next(iter(tuned.values()))}"
+        source = "forced (kgen tune)" if launch is not None else where if tuned else "spec defaults (not tuned)"
         out.append(ClassSchedule(c.name, c.max_rows, chosen["forward"], chosen["backward"], source))
     return tuple(out)
 
