@@ -3,7 +3,7 @@
 # spec sha256:      4f919d1e60d9f574d6c4669d8107eaf0f8b00c54e55d2af2a71bc4f8bb349bf1
 # templates sha256: 4851d9de7d4dabc9c85cc0cfea3d19f3873a71c585cadd7fb449c7f3361b8999
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    30e07a3c1140be41682d6b762c20f0107d5f69e55ca5cf28da57cec5476ba489 (msda.tuning.json, beside the spec)
+# tuning sha256:    b7b2a78d8df327aee8645ab412162e61d877841561840626e358ecb68774dd7b (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867680 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
@@ -34,6 +34,9 @@ import triton.language as tl
 
 # Triton reads TRITON_INTERPRET once, at import; so does this module.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Where corners are fused, bf16 rows widen to fp32 by inline PTX on NVIDIA (the interpreter and
+# ROCm convert).
+WIDEN_PTX = not _INTERPRETED and torch.version.hip is None
 # Repeat launches reuse their compiled kernel (_run) on NVIDIA only: AMD's Triton backend also
 # specializes a pointer on whether its tensor lies within 2 GB (buffer ops), which _run's key does
 # not follow; the interpreter compiles nothing.
@@ -82,10 +85,10 @@ BLOCK_D = 32
 # backward (BLOCK_Q, num_warps, num_stages, samples per tile step, samples per loop trip), the
 # dtype grad_value accumulates in)
 SCHEDULES = (
-    # decoder: forward and backward tuned on NVIDIA H200; grad_value: native
+    # decoder: forward tuned on NVIDIA H100 80GB HBM3 and backward tuned on NVIDIA H200; grad_value: native
     ("decoder", 8192, (16, 4, 1, 4), (16, 4, 1, 4, 16), torch.bfloat16),
-    # encoder: forward and backward tuned on NVIDIA H200; grad_value: fp32
-    ("encoder", None, (32, 4, 1, 1), (16, 8, 1, 8, 8), torch.float32),
+    # encoder: forward tuned on NVIDIA H100 80GB HBM3 and backward tuned on NVIDIA H200; grad_value: fp32
+    ("encoder", None, (32, 4, 1, 4), (16, 8, 1, 8, 8), torch.float32),
 )
 # Run-time sizes the index arithmetic was proven for (int32 vs int64 per address).
 MAX_SIZES = {
@@ -105,11 +108,21 @@ GRAD_VALUE_ACCUMULATION = {
 
 
 @triton.jit
-def _bilinear_corner(value_base, pixel, d, valid):
-    """Rows of `value` at one corner per query: (BLOCK_Q, BLOCK_D), zero where `valid` is off."""
-    return tl.load(value_base + (d[None, :] + pixel[:, None] * 256), mask=valid, other=0.0).to(
-        tl.float32
-    )
+def _bilinear_corner(value_base, pixel, d, valid, WIDEN_PTX: tl.constexpr):
+    """Rows of `value` at one corner per query: (BLOCK_Q, BLOCK_D) in fp32, zero where `valid` is off."""
+    rows = tl.load(value_base + (d[None, :] + pixel[:, None] * 256), mask=valid, other=0.0)
+    if WIDEN_PTX:
+        # A bf16 is the high half of its fp32: the low bf16 of a register widens by a shift, the
+        # high one by a mask (1 instruction a value; LLVM's conversion moves the high half down first).
+        return tl.inline_asm_elementwise(
+            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000; }",
+            "=r,=r,r",
+            [rows],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=2,
+        )
+    return rows.to(tl.float32)
 
 
 @triton.jit
@@ -149,7 +162,7 @@ def _msda_fwd_bf16_m8_d32_l4_k4_kernel(
     POINTS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    POINT_STEP: tl.constexpr,
+    WIDEN_PTX: tl.constexpr,
 ):
     # One program: BLOCK_Q consecutive queries of one (batch, head) pair, all levels and points.
     pid_q = tl.program_id(0)
@@ -172,34 +185,35 @@ def _msda_fwd_bf16_m8_d32_l4_k4_kernel(
         height = tl.load(spatial_shapes_ptr + l * 2).to(tl.int32)
         width = tl.load(spatial_shapes_ptr + l * 2 + 1).to(tl.int32)
         level_start = tl.load(level_start_index_ptr + l).to(tl.int32)
-        # POINT_STEP points per step: all of them (unrolled) or one (a run-time loop), by size class
-        for k_first in tl.range(0, POINTS, POINT_STEP):
-            for k_step in tl.static_range(POINT_STEP):
-                k = k_first + k_step
-                # Sampling parameters, coalesced over the query block.
-                loc_x = tl.load(loc_base + k * 2 + l * 8, mask=q_mask, other=0.0).to(tl.float32)
-                loc_y = tl.load(loc_base + k * 2 + l * 8 + 1, mask=q_mask, other=0.0).to(tl.float32)
-                weight = tl.load(weight_base + k + l * 4, mask=q_mask, other=0.0).to(tl.float32)
-                lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
-                    loc_x, loc_y, height, width
-                )
-                pixel00 = level_start + y0 * width + x0
-                pixel10 = pixel00 + width
+        for k in tl.static_range(POINTS):
+            # Sampling parameters, coalesced over the query block.
+            loc_x = tl.load(loc_base + k * 2 + l * 8, mask=q_mask, other=0.0).to(tl.float32)
+            loc_y = tl.load(loc_base + k * 2 + l * 8 + 1, mask=q_mask, other=0.0).to(tl.float32)
+            weight = tl.load(weight_base + k + l * 4, mask=q_mask, other=0.0).to(tl.float32)
+            lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
+                loc_x, loc_y, height, width
+            )
+            pixel00 = level_start + y0 * width + x0
+            pixel10 = pixel00 + width
 
-                v00 = _bilinear_corner(value_base, pixel00, d, row_mask & (y0_in & x0_in)[:, None])
-                v01 = _bilinear_corner(
-                    value_base, pixel00 + 1, d, row_mask & (y0_in & x1_in)[:, None]
-                )
-                v10 = _bilinear_corner(value_base, pixel10, d, row_mask & (y1_in & x0_in)[:, None])
-                v11 = _bilinear_corner(
-                    value_base, pixel10 + 1, d, row_mask & (y1_in & x1_in)[:, None]
-                )
-                acc += (
-                    v00 * (weight * (1.0 - lx) * (1.0 - ly))[:, None]
-                    + v01 * (weight * lx * (1.0 - ly))[:, None]
-                    + v10 * (weight * (1.0 - lx) * ly)[:, None]
-                    + v11 * (weight * lx * ly)[:, None]
-                )
+            v00 = _bilinear_corner(
+                value_base, pixel00, d, row_mask & (y0_in & x0_in)[:, None], WIDEN_PTX
+            )
+            v01 = _bilinear_corner(
+                value_base, pixel00 + 1, d, row_mask & (y0_in & x1_in)[:, None], WIDEN_PTX
+            )
+            v10 = _bilinear_corner(
+                value_base, pixel10, d, row_mask & (y1_in & x0_in)[:, None], WIDEN_PTX
+            )
+            v11 = _bilinear_corner(
+                value_base, pixel10 + 1, d, row_mask & (y1_in & x1_in)[:, None], WIDEN_PTX
+            )
+            # One fused multiply-add per corner into acc (the weighted sum costs a multiply and an
+            # add more per element, but its four products do not wait for each other).
+            acc += v00 * (weight * (1.0 - lx) * (1.0 - ly))[:, None]
+            acc += v01 * (weight * lx * (1.0 - ly))[:, None]
+            acc += v10 * (weight * (1.0 - lx) * ly)[:, None]
+            acc += v11 * (weight * lx * ly)[:, None]
 
     # One coalesced tile store, cast to the output dtype at the very end.
     tl.store(
@@ -396,7 +410,7 @@ def _launch_options(schedule, backward):
         launch["SAMPLE_STEP"] = schedule[3]  # the tile's samples: fewer for wider query blocks
         launch["SAMPLE_GROUP"] = schedule[4]  # the backward's sample loop differs by size class
     else:
-        launch["POINT_STEP"] = schedule[3]  # the forward's point loop differs by size class
+        launch["WIDEN_PTX"] = WIDEN_PTX
     return launch
 
 

@@ -3,7 +3,7 @@
 # spec sha256:      4f919d1e60d9f574d6c4669d8107eaf0f8b00c54e55d2af2a71bc4f8bb349bf1
 # templates sha256: 4851d9de7d4dabc9c85cc0cfea3d19f3873a71c585cadd7fb449c7f3361b8999
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    30e07a3c1140be41682d6b762c20f0107d5f69e55ca5cf28da57cec5476ba489 (msda.tuning.json, beside the spec)
+# tuning sha256:    b7b2a78d8df327aee8645ab412162e61d877841561840626e358ecb68774dd7b (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 50734301520 (2^35.6) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
