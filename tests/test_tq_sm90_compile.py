@@ -44,6 +44,9 @@ def test_every_decode_module_compiles_for_sm90(records):
     kernels = {(r["module"], r["kernel"]) for r in records}
     expected = {(p.stem, k) for p in DECODE for k in ("_rotate_query_kernel", f"{p.stem}_kernel", "_merge_partitions_kernel")}
     assert kernels == expected
+    # The chunked d128 variants (QG <= 8, both block sizes) also compile their single-group schedule.
+    twice = sorted(p.stem for p in DECODE if sum(r["module"] == p.stem and r["kernel"] == f"{p.stem}_kernel" for r in records) == 2)
+    assert twice == sorted(f"tq_decode_triton_d128_qg{qg}_bs{bs}" for qg in (4, 6, 7, 8) for bs in (16, 32)), twice
     failed = [f"{r['module']}.{r['kernel']}: {r['error']}" for r in records if not r["ok"]]
     assert not failed, "\n".join(failed)
 
@@ -79,8 +82,8 @@ def test_the_trace_benchmark_instruments_every_decode_module(tmp_path):
     default = ROOT / "generated" / "tq_decode" / "tq_decode_triton_d128_qg8_bs16.py"
     copy = tmp_path / default.name
     copy.write_text(instrument(default.read_text(), f"{default.stem}_kernel"))
-    (decode,) = [r for r in compile_sm90(copy) if r["kernel"].endswith("_bs16_kernel")]
-    assert decode["ok"], decode
+    decodes = [r for r in compile_sm90(copy) if r["kernel"].endswith("_bs16_kernel")]
+    assert len(decodes) == 2 and all(r["ok"] for r in decodes), decodes  # 2-warp and single-group 4-warp schedules
     # The report, on a made-up trace (2 sequences x 8 kv heads x 3 partitions over 5 of 6 SMs).
     programs = torch.arange(48)
     trace = torch.stack([programs % 5, 1000 + 10 * programs, 51000 + 10 * programs, 0 * programs,

@@ -72,7 +72,9 @@ def test_head_dim_shapes_the_derived_numbers(sources):
             assert c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
             assert c["MAX_REGISTERS"] == (168 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
             assert c["PROGRAMS_PER_SM"] == (6 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
-            assert f"num_warps={c['NUM_WARPS']}," in sources[name][1]
+            # ... and where that is 2, 4-warp programs for launches of single-group partitions
+            assert c["SHORT_CHUNKS"] == (4 if chunked_d128 else None)
+            assert (f"num_warps={c['NUM_WARPS']}," if c["SHORT_CHUNKS"] is None else "num_warps=chunks,") in sources[name][1]
             # one softmax state per warp up to 8 query heads, with the lane plan of d64 and d128
             # (one or two V words per lane); d256 measured slower with it (session 16)
             assert c["CHUNKED"] == (c["QG"] <= 8 and d <= 128)
@@ -196,6 +198,32 @@ def test_store_with_repeated_centroids_matches_reference_bytes(modules):
     # both ends of the repeated run were stored (the first below it, the last above it), the
     # middle ones never: so a kernel that ordered the run otherwise would have written other bytes
     assert {2, 13} <= stored and not {5, 9} & stored, stored
+
+
+def test_single_group_partitions_run_programs_of_four_warps(modules, monkeypatch):
+    """The chunked d128 decode runs 2-warp programs, but a launch whose partitions are single
+    256-token groups, in a grid one wave of 4-warp programs holds, runs those (1 x 1K to 1 x 4K
+    and 4 x 1K measured faster so, kgen/ops/tq_triton.py); each schedule passes the variant's
+    whole check under the interpreter, both in one run."""
+    mod = modules["tq_decode_triton_d128_qg8_bs16"]
+    assert (mod.CHUNKS, mod.SHORT_CHUNKS, mod.SHORT_PROGRAMS_PER_SM) == (2, 4, 3)  # 65536 / (128 threads x 168)
+    assert not hasattr(modules["tq_decode_triton_d64_qg4_bs16"], "SHORT_CHUNKS")  # 4 warps already
+    assert not hasattr(modules["tq_decode_triton_d128_qg16_bs16"], "SHORT_CHUNKS")  # the shared-tile form
+    cpu = torch.device("cpu")
+    assert mod._launch_chunks(1, 8, 4, 1, cpu) == 2  # off the GPU: no wave to fit
+    monkeypatch.setattr(mod, "_short_wave", lambda device: 396)  # an H200: 132 SMs x 3
+    assert mod._launch_chunks(1, 8, 4, 1, cpu) == 4  # 1 x 1K: 32 programs of one group
+    assert mod._launch_chunks(4, 8, 16, 1, cpu) == 2  # 512 programs: past one wave of 4-warp programs
+    assert mod._launch_chunks(64, 8, 1, 4, cpu) == 2  # partitions of 4 groups
+    # Numerics: with a wave that holds any grid, single-group launches run 4 warps, and the
+    # check's launches of longer partitions 2.
+    monkeypatch.setattr(mod, "_short_wave", lambda device: 10**6)
+    kernel = JitStandIn(mod.tq_decode_triton_d128_qg8_bs16_kernel)
+    monkeypatch.setattr(mod, "tq_decode_triton_d128_qg8_bs16_kernel", kernel)
+    results = verify_tq.check_decode(mod, SPEC, "cpu")
+    assert not _failures(results), _failures(results)
+    shapes = {(o["CHUNKS"], o["TILE_TOKENS"], o["num_warps"]) for o in (c.options for c in kernel.compiled)}
+    assert shapes == {(4, 128, 4), (2, 64, 2)}, shapes
 
 
 def test_host_checks_of_the_shared_code(modules):

@@ -68,6 +68,14 @@ CHUNK_TOKENS = 32
 # a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs, 6 an SM, fit one.
 # d64 (2 words) keeps 4 warps: 2 were not timed.
 CHUNKED_WARPS = {2: 4, 4: 2}
+# Where those 2-warp programs lose: a batch whose partitions are single 256-token groups (short or
+# few sequences) is latency-bound, and a group is 4 tiles in a row in a 2-warp program against 2
+# in a 4-warp one. Such launches run 4-warp programs when one wave of them holds the grid. H100,
+# 2026-12-05, d128 qg8 bs16, Hk 8, whole pipeline (tq_schedules_short_s25_h100.log), 2 / 4 warps:
+# 1 x 1K 15.9 / 14.2 us, 1 x 2K 16.1 / 14.9, 1 x 4K 16.9 / 15.7, 4 x 1K 16.8 / 15.4 (H200,
+# session 24: 1 x 1K 16.0 / 14.4); 16 x 1K (512 programs, past one 4-warp wave) 24.2 / 23.6 and
+# 64 x 1K (4-group partitions) 49.9 / 64.1 keep 2 warps.
+SHORT_PARTITION_WARPS = {4: 4}
 CHUNK_RUN = 16
 CHUNK_HEAD_DIM_STEP = 64
 CHUNK_MAX_V_WORDS = 2
@@ -151,9 +159,11 @@ def lower_kernel(ctx):
     )
     lanes = _chunk_lanes(ctx, pairs) if chunked else {}
     warps = CHUNKED_WARPS[lanes["K_WORDS"]] if chunked else DECODE_WARPS
+    short_warps = None
     if chunked:
         tile = CHUNK_TOKENS * warps  # one chunk per warp
         max_registers = CHUNKED_MAX_REGISTERS[lanes["K_WORDS"]]
+        short_warps = SHORT_PARTITION_WARPS.get(lanes["K_WORDS"])
     else:
         max_registers = DECODE_MAX_REGISTERS if tile * pairs <= REGISTER_CAP_PACKED_BYTES else None
     q_rows = max(CHUNKED_MIN_N if chunked else MIN_DOT, 1 << (qg - 1).bit_length())  # padded query heads
@@ -163,6 +173,9 @@ def lower_kernel(ctx):
         # QG query heads padded to a power of two: the MMAs' N when chunked, else >= tl.dot's 16 rows
         ("Q_COLS" if chunked else "Q_ROWS"): q_rows,
         **({"CHUNKS": warps} if chunked else {}),  # token chunks of a tile: one per warp
+        # ... in launches whose partitions are single groups, where that differs (None: CHUNKS)
+        "SHORT_CHUNKS": short_warps,
+        **({"SHORT_PROGRAMS_PER_SM": _programs_per_sm(short_warps, max_registers)} if short_warps else {}),
         "PAIRS": pairs,  # bytes per packed K (or V) record: element pairs (2j, 2j+1) of head_dim
         "NIBBLE_BITS": ctx.spec.options.quant.key_bits,  # bits per packed element; the high nibble's shift
         "NIBBLE_MASK": (1 << ctx.spec.options.quant.key_bits) - 1,  # the low nibble
