@@ -361,11 +361,30 @@ class Timed:
     why: str = ""
 
 
+def parse_narrow(items: list[str] | None, config: TuneConfig) -> dict[str, tuple]:
+    """`--narrow FIELD=V1,V2` options -> {field: values}: a subset of each field's tune.candidates
+    to time in this run (the spec and its tuning file stay as they are)."""
+    narrow: dict[str, tuple] = {}
+    for item in items or ():
+        name, sep, values = item.partition("=")
+        if not sep or name not in LAUNCH_FIELDS:
+            raise KgenError(f"kgen tune: --narrow {item!r}: expected FIELD=V1,V2 with FIELD one of {', '.join(LAUNCH_FIELDS)}")
+        declared = config.candidates[name]
+        chosen = []
+        for text in values.split(","):
+            value = next((v for v in declared if str(v) == text.strip()), None)
+            if value is None:
+                raise KgenError(f"kgen tune: --narrow {item!r}: {text.strip()!r} is not among tune.candidates.{name} {list(declared)}")
+            chosen.append(value)
+        narrow[name] = tuple(chosen)
+    return narrow
+
+
 def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, directory: Path, sizes=None, log=None,
-                 directions: tuple[str, ...] = DIRECTIONS) -> dict[tuple[str, str], list[Timed]]:
+                 directions: tuple[str, ...] = DIRECTIONS, narrow: Mapping[str, tuple] | None = None) -> dict[tuple[str, str], list[Timed]]:
     """Time every candidate schedule of one variant at each size class, in each of `directions`
-    (forward, backward). Returns (size class, direction) -> timings, fastest first, refused
-    candidates last.
+    (forward, backward), or those whose fields take the values `narrow` lists, and the spec's
+    default. Returns (size class, direction) -> timings, fastest first, refused candidates last.
 
     Each candidate is rendered in memory into a module of its own (the variant with that one
     schedule), loaded, checked against the reference at the class's size, then timed. `sizes`
@@ -378,6 +397,8 @@ def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, direct
     default = op.default_launch(spec)
     results: dict[tuple[str, str], list[Timed]] = {}
     for launch in op.tune_candidates(spec, variant):
+        if launch != default and any(getattr(launch, f) not in values for f, values in (narrow or {}).items()):
+            continue
         # A field only the other direction reads, off its default: this direction's kernel is
         # the same as at the default, which is timed already.
         timed_directions = [
@@ -455,10 +476,11 @@ def tuned_variants(spec, only: list[str] | None) -> list:
 
 
 def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> int:
-    """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward]`. Exit 2
+    """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward] [--narrow FIELD=V1,V2]...`. Exit 2
     without a CUDA GPU, or for a spec without a tune section. The tuning file is rewritten after
     each variant, so an interrupted run keeps what it measured (resume with --missing) and a long
-    run can be split with --only; --direction retimes one kernel and keeps the other's entries.
+    run can be split with --only; --direction retimes one kernel and keeps the other's entries;
+    --narrow times a subset of the candidates (a new field's values at the known winners' others).
     (timer, device and sizes: for tests, which run the whole path on CPU under the interpreter.)"""
     from kgen.emit import write_atomic
     from kgen.generate import load_all
@@ -481,6 +503,7 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
     for spec in specs:
         config: TuneConfig = spec.options.tune
         path = tuning_path(spec.path, config)
+        narrow = parse_narrow(getattr(args, "narrow", None), config)
         existing = load_tuning(spec.path, spec.name, config)
         entries = dict(existing.entries)
         chosen = tuned_variants(spec, args.only)
@@ -497,7 +520,7 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
         with tempfile.TemporaryDirectory(prefix="kgen-tune-") as tmp:
             for variant in chosen:
                 directions = (args.direction,) if getattr(args, "direction", None) else DIRECTIONS
-                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes, directions=directions)
+                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes, directions=directions, narrow=narrow)
                 best = {key: replace(entry, tuned_on=run_on) for key, entry in winners(spec, variant, results).items()}
                 entries.update(best)
                 for (_, size_class, direction), entry in best.items():

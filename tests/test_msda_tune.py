@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -364,6 +365,32 @@ def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
     assert {c: e["forward"]["corners"] for c, e in written.items()} == {"decoder": "fused", "encoder": "fused"}
     assert {c: e["backward"]["corners"] for c, e in written.items()} == {"decoder": "summed", "encoder": "summed"}
+
+
+def test_kgen_tune_narrow_times_a_subset_of_the_candidates(tmp_path):
+    """--narrow FIELD=V1,V2 times only those values (and the spec default), without editing the
+    spec, whose tuning file may name schedules outside the subset; a value the spec does not
+    declare is a clear error."""
+    path = spec_copy(tmp_path, narrow(), tuning=tuning({SMALL: {"decoder": {"forward": dict(GOOD, num_warps=8)}}}))
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return 1.0 if len(calls) == 1 else 9.0  # (16, 4, fused) forward, decoder: the winner
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward",
+                              narrow=["block_q=16", "num_warps=4", "point_loop=unrolled"])
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    # (16, 4, unrolled) fused and summed, and the default (32, 4, unrolled, summed): 3 x 2 classes.
+    assert len(calls) == 6
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
+    assert (written["decoder"]["forward"]["block_q"], written["decoder"]["forward"]["corners"]) == (16, "fused")
+    for bad, needle in (("num_warps=3", "'3' is not among tune.candidates.num_warps [2, 4, 8]"), ("warps=4", "expected FIELD=V1,V2 with FIELD one of")):
+        args.narrow = [bad]
+        with pytest.raises(KgenError, match=re.escape(needle)):
+            tune_main(args, timer=timer, device="cpu", sizes=sizes)
 
 
 class _Work:
