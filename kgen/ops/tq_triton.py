@@ -66,7 +66,9 @@ CHUNK_TOKENS = 32
 # 14.4 / 16.0 (a 256-token partition is 4 tiles in a row instead of 2). On an H100 the same
 # change took 64 x 32K from 1553.0 to 1113.8 us: 512 4-warp programs for 396 resident slots left
 # a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs, 6 an SM, fit one.
-# d64 (2 words) keeps 4 warps: 2 were not timed.
+# d64 (2 words) keeps 4 warps: 2-warp programs measured 163.0 against 169.5 us at 16 x 32K but
+# 617.7 against 612.7 at 64 x 32K and level at 1 x 32K (H100, session 25), too mixed to change on
+# one card.
 CHUNKED_WARPS = {2: 4, 4: 2}
 # Where those 2-warp programs lose: a batch whose partitions are single 256-token groups (short or
 # few sequences) is latency-bound, and a group is 4 tiles in a row in a 2-warp program against 2
