@@ -258,8 +258,7 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
     name = root.get("spec", r.name)
     if name != spec_name:
         raise root.error("spec", f"expected {spec_name!r} (this file tunes another spec), got {name!r}")
-    on = root.section("tuned_on")
-    tuned_on = {key: on.get(key, r.text) for key, _, _ in list(on.entries())}
+    tuned_on = _tuned_on_of(root)
     schedules = root.section("schedules")
     classes = {c.name for c in config.classes}
     entries, variant_lines = {}, {}
@@ -280,14 +279,17 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
     return Tuning(shown, digest, tuned_on, entries, variant_lines)
 
 
+def _tuned_on_of(section: r.Section) -> dict[str, str]:
+    """A `tuned_on` mapping (device and versions, as text) of the file or of one entry."""
+    on = section.section("tuned_on")
+    return {key: on.get(key, r.text) for key, _, _ in list(on.entries())}
+
+
 def _entry(section: r.Section, file_tuned_on: Mapping[str, str]) -> Entry:
     values = {name: section.get(name, FIELD_CHECKS[name], default=FIELD_DEFAULTS.get(name, r.REQUIRED)) for name in LAUNCH_FIELDS}
     us = section.get("us", r.number(0.0), default=None)
     default_us = section.get("default_us", r.number(0.0), default=None)
-    tuned_on = dict(file_tuned_on)
-    if section.has("tuned_on"):
-        on = section.section("tuned_on")
-        tuned_on = {key: on.get(key, r.text) for key, _, _ in list(on.entries())}
+    tuned_on = _tuned_on_of(section) if section.has("tuned_on") else dict(file_tuned_on)
     section.finish()
     return Entry(Launch(**values), section.line, us, default_us, tuned_on)
 
