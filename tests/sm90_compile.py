@@ -7,7 +7,7 @@ the kernels get exactly the compile-time constants and launch options the module
 each recorded kernel is then compiled by Triton's own NVIDIA backend (its bundled ptxas
 assembles the inline PTX) and its resource use read from the cubin. Prints one JSON line per
 kernel after MARK (Triton prints a failing kernel's PTX to stdout): module, kernel, ok, registers,
-stack bytes (spills), the register cap asked for, error.
+stack bytes (spills), the register cap asked for, the griddepcontrol instructions in its PTX, error.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")
 MARK = "kgen-sm90: "
 
 
@@ -41,13 +41,16 @@ def load(path: Path):
 
 
 def record_launches(module) -> list[tuple]:
-    """(kernel, run-time args, options) of every launch one small decode makes."""
+    """(kernel, run-time args, options) of every launch one small decode makes, as on an sm_90 GPU
+    (the kernels after the first launched as programmatic dependents)."""
     launches = []
     module._run = lambda kernel, grid, args, variant, options: launches.append((kernel, args, options()))
+    module._dependent_launch = lambda device: True
     d, qg, hk, num_seqs, max_blocks = module.HEAD_DIM, module.QG, 2, 2, 4
     query = torch.zeros(num_seqs, hk * qg, d, dtype=torch.bfloat16)
     rotation, centroids = torch.eye(d), torch.zeros(module.N_CENTROIDS)
-    q_rot, codebook = module.rotate_query(query, rotation, centroids)
+    short = hasattr(module, "SHORT_CHUNKS")  # then the rotation lets a single-group decode launch early
+    q_rot, codebook = module.rotate_query(query, rotation, centroids, decode_early=short)
     parts = 2
     out_parts = torch.zeros(num_seqs, hk, parts, qg, d, dtype=torch.bfloat16)
     exp_sums = torch.zeros(num_seqs, hk, parts, qg)
@@ -55,7 +58,7 @@ def record_launches(module) -> list[tuple]:
     table = torch.zeros(num_seqs, max_blocks, dtype=torch.int32)
     seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
     module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), 1, 0.1)
-    if hasattr(module, "SHORT_CHUNKS"):  # the schedule of single-group launches, which a GPU picks
+    if short:  # the schedule of single-group launches, which a GPU picks
         module._short_wave = lambda device: 1 << 30
         module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), 1, 0.1)
     module.merge_partitions(out_parts, exp_sums, exp_sums.clone(), torch.zeros_like(query))
@@ -102,7 +105,7 @@ def compile_launch(kernel, args, options) -> dict:
         f.flush()
         usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            "maxnreg": launch.get("maxnreg")}
+            "maxnreg": launch.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"])))}
 
 
 def main() -> None:

@@ -185,7 +185,7 @@ def test_rendered_module_parses_and_prints_the_plan(plans, sources):
         tree = ast.parse(src)
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert {"torch", "triton", "flydsl"} <= imported <= {"torch", "triton", "flydsl", "os", "math"}, imported
+        assert {"torch", "triton", "flydsl"} <= imported <= {"torch", "triton", "flydsl", "os", "math", "functools"}, imported
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert {"launch_decode_kernel", "tq_decode", "partition_plan", "validate_inputs", plan.kernel} <= defined
         # every cache/tensor address is the printed plan expression, verbatim

@@ -57,6 +57,27 @@ def test_register_caps_hold(records):
             assert r["registers"] <= r["maxnreg"], r
 
 
+def test_kernels_after_the_first_wait_for_the_one_before(records):
+    """On sm_90 the decode and the merge are launched as programmatic dependents, and each waits
+    (griddepcontrol.wait) before reading what the kernel before it wrote. Where the variant has
+    a single-group schedule, the rotation lets that schedule's decode launch at once, and only the
+    other schedule's decode lets the merge launch after its loop (the numbers are in the
+    template's comments). Reading too early is caught by the GPU validation; this checks the
+    instructions are where the launches expect them."""
+    for path in DECODE:
+        mine = [r for r in records if r["module"] == path.stem]
+        short = len([r for r in mine if r["kernel"] == f"{path.stem}_kernel"]) == 2
+        found = [(r["kernel"], r["grid_dependency"]) for r in mine]
+        decode = f"{path.stem}_kernel"
+        expected = [
+            ("_rotate_query_kernel", ["launch_dependents"] if short else []),
+            (decode, ["launch_dependents", "wait"]),
+            *([(decode, ["wait"])] if short else []),
+            ("_merge_partitions_kernel", ["wait"]),
+        ]
+        assert found == expected, path.stem
+
+
 def test_a_ptx_typo_fails(tmp_path):
     source = (ROOT / "generated" / "tq_decode" / "tq_decode_triton_d64_qg4_bs16.py").read_text()
     assert source.count("lop3.b32 high, a, b, upper, 0xD8;") == 4  # once per byte in _unpack_k_pairs
