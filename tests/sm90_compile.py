@@ -50,7 +50,9 @@ def record_launches(module) -> list[tuple]:
     query = torch.zeros(num_seqs, hk * qg, d, dtype=torch.bfloat16)
     rotation, centroids = torch.eye(d), torch.zeros(module.N_CENTROIDS)
     short = hasattr(module, "SHORT_CHUNKS")  # then the rotation lets a single-group decode launch early
-    q_rot, codebook = module.rotate_query(query, rotation, centroids, decode_early=short)
+    q_rot, codebook = module.rotate_query(query, rotation, centroids, decode_early=short)  # columns split, as in small batches
+    module._rotate_columns = lambda rows, device: module.HEAD_DIM  # whole rows, as in large batches
+    module.rotate_query(query, rotation, centroids)
     parts = 2
     out_parts = torch.zeros(num_seqs, hk, parts, qg, d, dtype=torch.bfloat16)
     exp_sums = torch.zeros(num_seqs, hk, parts, qg)

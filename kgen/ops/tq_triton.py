@@ -116,7 +116,15 @@ MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
 # 1024 rows 6.5 -> 3.8, 4096 rows 7.2 -> 6.0; 2 stages 5.6-6.7; 64 rows per program 14-20 us; the
 # whole rotation loaded at once spills at 4 warps and takes 4.7-8.6 us at 8. Four stages of a d256
 # chunk (32 x 256 fp32) take 132 KB of shared memory.
+# Small rotations are split over output columns too, down to ROTATE_MIN_COLS a program, while the
+# grid stays within ROTATE_PROGRAMS_PER_SM programs an SM: more, smaller programs spread the cold
+# loads of the matrix. H100, session 26, cold L2, rotation alone (whole pipeline) in us, d128:
+# 64 rows 4.6 (12.6) at 128 columns, 3.9 (11.6) at 64, 3.4 (11.4) at 32; 1024 rows 4.8 (23.4),
+# 4.0 (22.7), 3.7 (22.4); 4096 rows 6.2 (50.9), 6.6 (51.2), 7.6 (52.0). d256: 32 rows 9.9 (27.6) at
+# 256, 7.0 (24.7) at 128, 5.4 (23.1) at 64; 2048 rows 10.1 (135.9), 9.7 (135.5), 10.4 (136.2).
 ROTATE_ROWS = MIN_DOT
+ROTATE_MIN_COLS = 32
+ROTATE_PROGRAMS_PER_SM = 2
 ROTATE_CHUNK = 32
 ROTATE_WARPS = 4
 ROTATE_MAX_STAGES = 4
@@ -192,6 +200,8 @@ def lower_kernel(ctx):
         **_v_unpack_constants(ctx),
         **lanes,
         "ROTATE_ROWS": ROTATE_ROWS,  # query rows per program of the rotation kernel
+        "ROTATE_MIN_COLS": min(ROTATE_MIN_COLS, d),  # fewest rotated columns per program of the rotation kernel
+        "ROTATE_PROGRAMS_PER_SM": ROTATE_PROGRAMS_PER_SM,  # ... while its grid stays within this many per SM
         "ROTATE_CHUNK": rotate_chunk,  # rotation rows per tl.dot step
         "ROTATE_STAGES": min(ROTATE_MAX_STAGES, d // rotate_chunk),  # rotation chunks loaded at once
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
