@@ -226,6 +226,41 @@ def test_single_group_partitions_run_programs_of_four_warps(modules, monkeypatch
     assert shapes == {(4, 128, 4), (2, 64, 2)}, shapes
 
 
+def test_small_rotations_split_over_columns(modules, sources, tmp_path, monkeypatch):
+    """rotate_query's programs take HEAD_DIM columns, halved down to ROTATE_MIN_COLS while the grid
+    stays within ROTATE_PROGRAMS_PER_SM programs an SM (measured in kgen/ops/tq_triton.py); the
+    interpreter runs the finest split. Every split gives the same bits as whole rows, for a
+    ragged row count, and a planted column offset fails."""
+    cpu = torch.device("cpu")
+    d128, d256 = modules["tq_decode_triton_d128_qg8_bs16"], modules["tq_decode_triton_d256_qg4_bs16"]
+    assert d128._rotate_columns(4096, cpu) == d256._rotate_columns(64, cpu) == 32  # off the GPU: finest
+    for mod in (d128, d256):
+        monkeypatch.setattr(mod, "_resident_programs", lambda device, m=mod: 132 * m.PROGRAMS_PER_SM)  # 132 SMs
+    assert [d128._rotate_columns(rows, cpu) for rows in (64, 1024, 2048, 4096)] == [32, 32, 64, 128]
+    assert [d256._rotate_columns(rows, cpu) for rows in (32, 512, 2048, 8192)] == [32, 32, 128, 256]
+    monkeypatch.undo()
+    g = torch.Generator().manual_seed(7)
+    for mod in (d128, d256):
+        d = mod.HEAD_DIM
+        query = torch.randn(3, 8, d, generator=g).bfloat16()  # 24 rows: not a multiple of ROTATE_ROWS
+        rotation = torch.linalg.qr(torch.randn(d, d, generator=g))[0].contiguous()
+        centroids = torch.randn(mod.N_CENTROIDS, generator=g).sort().values
+        split = mod.rotate_query(query, rotation, centroids)
+        expected = query.double() @ rotation.double()
+        assert (split[0].double() - expected).abs().max() <= 2**-7 * expected.abs().max()  # bf16 rounding
+        for cols in (64, d):
+            monkeypatch.setattr(mod, "_rotate_columns", lambda rows, device, c=cols: c)
+            wider = mod.rotate_query(query, rotation, centroids)
+            assert torch.equal(wider[0], split[0]) and torch.equal(wider[1], split[1]), (d, cols)
+        monkeypatch.undo()
+    planted = _planted(sources, tmp_path, "tq_decode_triton_d128_qg8_bs16",
+                       "col = tl.program_id(1) * ROTATE_COLS + tl.arange(0, ROTATE_COLS)", "col = tl.arange(0, ROTATE_COLS)")
+    query = torch.randn(1, 8, 128, generator=g).bfloat16()
+    rotation = torch.linalg.qr(torch.randn(128, 128, generator=g))[0].contiguous()
+    q_rot, _ = planted.rotate_query(query, rotation, torch.randn(planted.N_CENTROIDS, generator=g))
+    assert not torch.allclose(q_rot.double(), query.double() @ rotation.double(), atol=0.05)
+
+
 def test_host_checks_of_the_shared_code(modules):
     """What the FlyDSL variants are checked with: partition plan, validation, merge."""
     results = verify_tq.check_host(modules["tq_decode_triton_d128_qg8_bs32"], SPEC, "cpu")
