@@ -138,7 +138,8 @@ def main() -> None:
     d, qg = decode.HEAD_DIM, decode.QG
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"device: {torch.cuda.get_device_name()}, {num_sms} SMs, torch {torch.__version__}, triton {triton.__version__},"
-          f" python {platform.python_version()}; {name}, Hk = {HK}, {decode.PROGRAMS_PER_SM} programs an SM")
+          f" python {platform.python_version()}; {name}, Hk = {HK}, {decode.PROGRAMS_PER_SM} programs an SM"
+          f"{f' ({decode.SHORT_PROGRAMS_PER_SM} in single-group launches)' if hasattr(decode, 'SHORT_CHUNKS') else ''}")
     g = torch.Generator(device=dev).manual_seed(0)
     centroids, rotation = lloyd_max_centroids(d).to(dev), hadamard_rotation(d).to(dev)
     for config in args.configs.split(","):
@@ -164,7 +165,9 @@ def main() -> None:
             call()
             torch.cuda.synchronize()
             sizes = "/".join(str(min(tile_groups, -(-ctx // decode.GROUP) - p * tile_groups)) for p in range(parts))
-            print(f"{config} P{parts}x{tile_groups} ({sizes} tile groups): decode kernel {'/'.join(f'{t:.1f}' for t in timed)} us, cold L2, 3 rounds")
+            warps = decode._launch_chunks(num_seqs, HK, parts, tile_groups, query.device) if hasattr(decode, "SHORT_CHUNKS") else None
+            shown = f", {warps}-warp programs" if warps else ""
+            print(f"{config} P{parts}x{tile_groups} ({sizes} tile groups{shown}): decode kernel {'/'.join(f'{t:.1f}' for t in timed)} us, cold L2, 3 rounds")
             print("\n".join(summarize(decode.TRACE[0], num_seqs, parts, num_sms)))
         del query, cache, table
         torch.cuda.empty_cache()
