@@ -7,7 +7,8 @@ the kernels get exactly the compile-time constants and launch options the module
 each recorded kernel is then compiled by Triton's own NVIDIA backend (its bundled ptxas
 assembles the inline PTX) and its resource use read from the cubin. Prints one JSON line per
 kernel after MARK (Triton prints a failing kernel's PTX to stdout): module, kernel, ok, registers,
-stack bytes (spills), the register cap asked for, the griddepcontrol instructions in its PTX, error.
+stack bytes (spills), the register cap asked for, the griddepcontrol instructions in its PTX and
+the 16-byte global loads issued before its first griddepcontrol.wait, error.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def compile_launch(kernel, args, options) -> dict:
         f.flush()
         usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            "maxnreg": launch.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"])))}
+            "maxnreg": launch.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
+            "vector_loads_before_wait": compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4")}
 
 
 def main() -> None:
