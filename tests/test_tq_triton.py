@@ -235,7 +235,7 @@ def test_small_rotations_split_over_columns(modules, sources, tmp_path, monkeypa
     d128, d256 = modules["tq_decode_triton_d128_qg8_bs16"], modules["tq_decode_triton_d256_qg4_bs16"]
     assert d128._rotate_columns(4096, cpu) == d256._rotate_columns(64, cpu) == 32  # off the GPU: finest
     for mod in (d128, d256):
-        monkeypatch.setattr(mod, "_resident_programs", lambda device, m=mod: 132 * m.PROGRAMS_PER_SM)  # 132 SMs
+        monkeypatch.setattr(mod, "_multiprocessors", lambda device: 132)
     assert [d128._rotate_columns(rows, cpu) for rows in (64, 1024, 2048, 4096)] == [32, 32, 64, 128]
     assert [d256._rotate_columns(rows, cpu) for rows in (32, 512, 2048, 8192)] == [32, 32, 128, 256]
     monkeypatch.undo()
