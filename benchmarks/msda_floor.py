@@ -1,0 +1,206 @@
+"""How close MSDA is to the memory work it cannot avoid, at the benchmark's sizes (issue 5's gaps).
+
+Run from the project root on a CUDA machine: `python benchmarks/msda_floor.py`.
+
+For the Deformable DETR shape with uniform sampling (benchmarks/msda.py's inputs, same seed), the
+corner rows every sample touches are listed once on the host (row index of value, or -1 where
+the corner lies outside its level, as grid_sample's zero padding drops it). Three kernels then
+move exactly those rows and do nothing else, each at its best of a small schedule sweep:
+
+- gather: the forward's memory work, every in-range corner row read and summed per query;
+- scatter: the backward's grad_value work, a per-query row atomically added at every corner
+  (into an fp32 buffer, and for 16-bit dtypes also with native 16-bit atomics);
+- gather+scatter: the backward's value reads and grad_value adds together.
+
+Programs are laid out as ours are (BLOCK_Q queries of one (batch, head) pair), the corner lists
+are read coalesced, and nothing else is computed, so each time is a floor for a kernel that
+moves these rows from this memory system in this order. Our forward and forward+backward are
+timed in the same run; their ratio to the floors says how much is left above the memory work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from msda import DETR, TARGETS, configs, fwd_bwd, inputs, load_variant  # noqa: E402
+from timing import cold_l2_us  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SCHEDULES = [(block_q, warps, unrolled) for block_q in (16, 32, 64) for warps in (2, 4, 8) for unrolled in (True, False)]
+
+
+def corner_rows(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S: int) -> torch.Tensor:
+    """Row of value (viewed as [B*S*M, D]) at each corner of each sample, -1 outside its level,
+    as int32 [B*M, L*K*4, Q]: one (batch, head) pair's list per program column, coalesced over q."""
+    B, Q, M, L, K, _ = loc.shape
+    height = shapes[:, 0].view(1, 1, 1, L, 1).float()
+    width = shapes[:, 1].view(1, 1, 1, L, 1).float()
+    x = loc[..., 0].float() * width - 0.5  # align_corners=False, as the kernels compute it
+    y = loc[..., 1].float() * height - 0.5
+    x0, y0 = torch.floor(x), torch.floor(y)
+    batch = torch.arange(B, device=loc.device).view(B, 1, 1, 1, 1)
+    head = torch.arange(M, device=loc.device).view(1, 1, M, 1, 1)
+    rows = []
+    for dy in (0, 1):
+        for dx in (0, 1):
+            xi, yi = x0 + dx, y0 + dy
+            inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
+            pixel = start.view(1, 1, 1, L, 1) + (yi * width + xi).long()
+            row = (batch * S + pixel) * M + head
+            rows.append(torch.where(inside, row, -1))
+    return torch.stack(rows, -1).permute(0, 2, 3, 4, 5, 1).reshape(B * M, L * K * 4, Q).int().contiguous()
+
+
+@triton.jit
+def _gather(rows_ptr, value_ptr, out_ptr, Q, CORNERS: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+            UNROLLED: tl.constexpr):
+    pid_q = tl.program_id(0)
+    pair = tl.program_id(1)
+    q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d = tl.arange(0, D)
+    q_in = q < Q
+    row_list = rows_ptr + pair * CORNERS * Q
+    acc = tl.zeros((BLOCK_Q, D), dtype=tl.float32)
+    if UNROLLED:
+        for j in tl.static_range(CORNERS):
+            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+            acc += tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+    else:
+        for j in tl.range(CORNERS):
+            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+            acc += tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+    tl.store(out_ptr + (pair * Q + q)[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=q_in[:, None])
+
+
+@triton.jit
+def _scatter(rows_ptr, grad_ptr, value_ptr, buffer_ptr, dot_ptr, Q, CORNERS: tl.constexpr, D: tl.constexpr,
+             BLOCK_Q: tl.constexpr, UNROLLED: tl.constexpr, GATHER: tl.constexpr):
+    """grad rows added at every corner (GATHER: and the corner rows read, dotted with them)."""
+    pid_q = tl.program_id(0)
+    pair = tl.program_id(1)
+    q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d = tl.arange(0, D)
+    q_in = q < Q
+    row_list = rows_ptr + pair * CORNERS * Q
+    grad = tl.load(grad_ptr + (pair * Q + q)[:, None] * D + d[None, :], mask=q_in[:, None], other=0.0).to(tl.float32)
+    dots = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+    if UNROLLED:
+        for j in tl.static_range(CORNERS):
+            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+            at = row[:, None] * D + d[None, :]
+            if GATHER:
+                dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
+            tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+    else:
+        for j in tl.range(CORNERS):
+            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+            at = row[:, None] * D + d[None, :]
+            if GATHER:
+                dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
+            tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+    if GATHER:
+        tl.store(dot_ptr + pair * Q + q, dots, mask=q_in)
+
+
+def gather(rows, value, Q, schedule):
+    block_q, warps, unrolled = schedule
+    pairs, corners, _ = rows.shape
+    out = torch.empty(pairs, Q, value.shape[-1], dtype=value.dtype, device=value.device)
+    _gather[(triton.cdiv(Q, block_q), pairs)](rows, value, out, Q, corners, value.shape[-1], block_q, unrolled,
+                                               num_warps=warps)
+    return out
+
+
+def scatter(rows, grad, value, buffer, Q, schedule, with_gather):
+    block_q, warps, unrolled = schedule
+    pairs, corners, _ = rows.shape
+    dots = torch.empty(pairs, Q, dtype=torch.float32, device=grad.device)
+    _scatter[(triton.cdiv(Q, block_q), pairs)](rows, grad, value, buffer, dots, Q, corners, grad.shape[-1], block_q,
+                                                unrolled, with_gather, num_warps=warps)
+    return dots
+
+
+def check(rows, value, grad, Q):
+    """The floor kernels move the right rows: their results against torch's gather and index_add."""
+    table = value.reshape(-1, value.shape[-1]).float()
+    flat = rows.permute(0, 2, 1).reshape(-1, rows.shape[1]).long()  # [pairs*Q, corners]
+    picked = torch.where((flat >= 0)[..., None], table[flat.clamp(min=0)], 0.0)
+    want_sum = picked.sum(1)
+    got = gather(rows, table.view_as(value), Q, SCHEDULES[0]).reshape(-1, value.shape[-1])
+    assert torch.allclose(got, want_sum, rtol=1e-4, atol=1e-3), (got - want_sum).abs().max()
+    g = grad.reshape(-1, grad.shape[-1]).float()
+    buffer = torch.zeros_like(table)
+    dots = scatter(rows, g.view(rows.shape[0], Q, -1), table.view_as(value), buffer, Q, SCHEDULES[0], True)
+    want = torch.zeros_like(table).index_add_(0, flat[flat >= 0], g[:, None, :].expand(-1, flat.shape[1], -1)[flat >= 0])
+    assert torch.allclose(buffer, want, rtol=1e-4, atol=1e-3), (buffer - want).abs().max()
+    assert torch.allclose(dots.reshape(-1), (picked * g[:, None, :]).sum((1, 2)), rtol=1e-4, atol=1e-2)
+
+
+def best(fn) -> tuple[float, tuple]:
+    times = {}
+    for schedule in SCHEDULES:
+        times[schedule] = cold_l2_us(lambda: fn(schedule))
+    schedule = min(times, key=times.get)
+    return times[schedule], schedule
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="decoder,encoder")
+    args = parser.parse_args()
+    print(f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"python {platform.python_version()}")
+    print("us: device time with a cold L2 (CUDA graph); floors: best of block_q {16,32,64} x warps {2,4,8} x "
+          "unrolled/run-time loop; bwd = f+b - fwd")
+    shape = DETR
+    for cname, (B, Q) in configs(shape).items():
+        if cname not in args.configs.split(","):
+            continue
+        for dname, dtype in DTYPES.items():
+            module = load_variant(shape, dtype)
+            value, shapes, start, loc, w = inputs(shape, B, Q, dtype, local=False)
+            S = value.shape[1]
+            rows = corner_rows(shapes, start, loc, S)
+            grad = torch.randn(B, Q, shape.m * shape.d, device="cuda", dtype=dtype)
+            # The floor kernels take grad per (batch, head) pair, as ours read it.
+            grad_pairs = grad.view(B, Q, shape.m, shape.d).permute(0, 2, 1, 3).contiguous().view(B * shape.m, Q, shape.d)
+            check(rows, value, grad_pairs, Q)
+            valid = int((rows >= 0).sum())
+            row_bytes = shape.d * value.element_size()
+
+            ours_f = cold_l2_us(lambda: module.msda_forward(value, shapes, start, loc, w))
+            ours_fb = cold_l2_us(fwd_bwd(module.msda_forward, value, shapes, start, loc, w, grad))
+            gather_us, gather_at = best(lambda s: gather(rows, value, Q, s))
+            fp32_buffer = torch.zeros(value.shape, dtype=torch.float32, device="cuda")
+            scatter_us, scatter_at = best(lambda s: scatter(rows, grad_pairs, value, fp32_buffer, Q, s, False))
+            both_us, both_at = best(lambda s: scatter(rows, grad_pairs, value, fp32_buffer, Q, s, True))
+            fill_cast = cold_l2_us(lambda: fp32_buffer.zero_()) + cold_l2_us(lambda: fp32_buffer.to(dtype))
+            target_f, target_fb = TARGETS[(cname, dname)]
+            print(f"{cname} {dname}: B={B} Q={Q} S={S}; {valid:,} in-range corner rows of {rows.numel():,} "
+                  f"({valid * row_bytes / 1e6:.1f} MB of rows, value {value.numel() * value.element_size() / 1e6:.1f} MB)")
+            print(f"  forward  ours {ours_f:7.1f}  target {target_f:5d} | gather floor {gather_us:7.1f} at {gather_at} "
+                  f"({valid * row_bytes / gather_us / 1e6:.2f} TB/s of rows) | ours / floor {ours_f / gather_us:.2f}x")
+            ours_b = ours_fb - ours_f
+            print(f"  backward ours {ours_b:7.1f}  (f+b {ours_fb:.1f}, target {target_fb}) | fp32 scatter floor "
+                  f"{scatter_us:7.1f} at {scatter_at} | gather+scatter floor {both_us:7.1f} at {both_at} | "
+                  f"ours / floor {ours_b / both_us:.2f}x | fp32 buffer zero fill + cast {fill_cast:.1f}")
+            print(f"  f+b floor (gather floor + gather+scatter floor): {gather_us + both_us:.1f} against target {target_fb}")
+            if dtype != torch.float32:
+                native = torch.zeros_like(value)
+                native_us, native_at = best(lambda s: scatter(rows, grad_pairs, value, native, Q, s, True))
+                print(f"  gather+scatter floor with native {dname} atomics: {native_us:7.1f} at {native_at}; "
+                      f"f+b floor {gather_us + native_us:.1f}")
+
+
+if __name__ == "__main__":
+    main()
