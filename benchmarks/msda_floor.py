@@ -62,6 +62,12 @@ def corner_rows(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S:
 
 
 @triton.jit
+def _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D: tl.constexpr):
+    row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+    return acc + tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _gather(rows_ptr, value_ptr, out_ptr, Q, CORNERS: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
             UNROLLED: tl.constexpr):
     pid_q = tl.program_id(0)
@@ -73,13 +79,22 @@ def _gather(rows_ptr, value_ptr, out_ptr, Q, CORNERS: tl.constexpr, D: tl.conste
     acc = tl.zeros((BLOCK_Q, D), dtype=tl.float32)
     if UNROLLED:
         for j in tl.static_range(CORNERS):
-            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-            acc += tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+            acc = _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D)
     else:
         for j in tl.range(CORNERS):
-            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-            acc += tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+            acc = _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D)
     tl.store(out_ptr + (pair * Q + q)[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=q_in[:, None])
+
+
+@triton.jit
+def _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D: tl.constexpr,
+                    GATHER: tl.constexpr):
+    row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
+    at = row[:, None] * D + d[None, :]
+    if GATHER:
+        dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
+    tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+    return dots
 
 
 @triton.jit
@@ -96,18 +111,10 @@ def _scatter(rows_ptr, grad_ptr, value_ptr, buffer_ptr, dot_ptr, Q, CORNERS: tl.
     dots = tl.zeros((BLOCK_Q,), dtype=tl.float32)
     if UNROLLED:
         for j in tl.static_range(CORNERS):
-            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-            at = row[:, None] * D + d[None, :]
-            if GATHER:
-                dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
-            tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+            dots = _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D, GATHER)
     else:
         for j in tl.range(CORNERS):
-            row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-            at = row[:, None] * D + d[None, :]
-            if GATHER:
-                dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
-            tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+            dots = _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D, GATHER)
     if GATHER:
         tl.store(dot_ptr + pair * Q + q, dots, mask=q_in)
 
