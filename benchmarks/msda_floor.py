@@ -2,20 +2,22 @@
 
 Run from the project root on a CUDA machine: `python benchmarks/msda_floor.py`.
 
-For the Deformable DETR shape with uniform sampling (benchmarks/msda.py's inputs, same seed), the
-corner rows every sample touches are listed once on the host (row index of value, or -1 where
-the corner lies outside its level, as grid_sample's zero padding drops it). Three kernels then
-move exactly those rows and do nothing else, each at its best of a small schedule sweep:
+For the Deformable DETR shape (benchmarks/msda.py's inputs, same seed; uniform and local
+sampling), the corner rows every sample touches are listed once on the host (row index of value,
+or -1 where the corner lies outside its level, as grid_sample's zero padding drops it). Three
+kernels then move exactly those rows and do nothing else, each at its best of a small schedule
+sweep:
 
 - gather: the forward's memory work, every in-range corner row read and summed per query;
-- scatter: the backward's grad_value work, a per-query row atomically added at every corner
-  (into an fp32 buffer, and for 16-bit dtypes also with native 16-bit atomics);
+- scatter: the backward's grad_value work, a per-query row atomically added at every corner,
+  with the accumulation ours uses at that size (native 16-bit adds, or an fp32 buffer);
 - gather+scatter: the backward's value reads and grad_value adds together.
 
 Programs are laid out as ours are (BLOCK_Q queries of one (batch, head) pair), the corner lists
 are read coalesced, and nothing else is computed, so each time is a floor for a kernel that
-moves these rows from this memory system in this order. Our forward and forward+backward are
-timed in the same run; their ratio to the floors says how much is left above the memory work.
+moves these rows from this memory system in this order. Ours and deformops (when installed) are
+timed in the same run: their ratios to the floors say how much is left above the memory work,
+for ours and for the fastest peer (the local-sampling target is 1.5x that peer).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from msda import DETR, TARGETS, configs, fwd_bwd, inputs, load_variant  # noqa: E402
+from msda import DETR, TARGETS, configs, deformops_peers, fwd_bwd, inputs, load_variant, timed  # noqa: E402
 from timing import cold_l2_us  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 SCHEDULES = [(block_q, warps, unrolled) for block_q in (16, 32, 64) for warps in (2, 4, 8) for unrolled in (True, False)]
 
 
@@ -161,52 +164,68 @@ def best(fn) -> tuple[float, tuple]:
     return times[schedule], schedule
 
 
+def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -> None:
+    shape = DETR
+    value, shapes, start, loc, w = inputs(shape, B, Q, dtype, dist == "local")
+    S = value.shape[1]
+    rows = corner_rows(shapes, start, loc, S)
+    grad = torch.randn(B, Q, shape.m * shape.d, device=value.device, dtype=dtype)
+    # The floor kernels take grad per (batch, head) pair, the order ours read it in.
+    grad_pairs = grad.view(B, Q, shape.m, shape.d).permute(0, 2, 1, 3).contiguous().view(B * shape.m, Q, shape.d)
+    check(rows, value, grad_pairs, Q)
+    valid = int((rows >= 0).sum())
+    row_bytes = shape.d * value.element_size()
+
+    ours_f = cold_l2_us(lambda: module.msda_forward(value, shapes, start, loc, w))
+    ours_fb = cold_l2_us(fwd_bwd(module.msda_forward, value, shapes, start, loc, w, grad))
+    ours_b = ours_fb - ours_f
+    peers = {name: (timed(lambda: fn(value, shapes, start, loc, w), True)[0],
+                    timed(fwd_bwd(fn, value, shapes, start, loc, w, grad), True)[0]) for name, fn in deformops_peers().items()}
+    # grad_value's accumulation as ours does it at this size: native adds into value's dtype, or
+    # an fp32 buffer (zero-filled, then cast: timed apart below).
+    native = module.GRAD_VALUE_ACCUMULATION[cname] == "native"
+    buffer = torch.zeros(value.shape, dtype=value.dtype if native else torch.float32, device=value.device)
+    gather_us, gather_at = best(lambda s: gather(rows, value, Q, s))
+    scatter_us, scatter_at = best(lambda s: scatter(rows, grad_pairs, value, buffer, Q, s, False))
+    both_us, both_at = best(lambda s: scatter(rows, grad_pairs, value, buffer, Q, s, True))
+    accumulation = f"native {DTYPE_NAMES[dtype]} atomics" if native else "fp32 atomics"
+    if native or dtype == torch.float32:
+        fill_cast = cold_l2_us(lambda: buffer.zero_())
+        fill_note = "zero fill"
+    else:
+        fill_cast = cold_l2_us(lambda: buffer.zero_()) + cold_l2_us(lambda: buffer.to(dtype))
+        fill_note = "fp32 buffer zero fill + cast"
+
+    target = TARGETS[(cname, DTYPE_NAMES[dtype])] if dist == "uniform" else None
+    print(f"{cname} {dist} {DTYPE_NAMES[dtype]}: B={B} Q={Q} S={S}; {valid:,} in-range corner rows of {rows.numel():,} "
+          f"({valid * row_bytes / 1e6:.1f} MB of rows; value {value.numel() * value.element_size() / 1e6:.1f} MB)")
+    print(f"  forward  ours {ours_f:7.1f}{f'  target {target[0]}' if target else ''} | gather floor {gather_us:7.1f} at "
+          f"{gather_at} ({valid * row_bytes / gather_us / 1e6:.2f} TB/s of rows) | ours / floor {ours_f / gather_us:.2f}x")
+    print(f"  backward ours {ours_b:7.1f} (f+b {ours_fb:.1f}{f', target {target[1]}' if target else ''}) | with {accumulation}: "
+          f"scatter floor {scatter_us:7.1f} at {scatter_at}, gather+scatter floor {both_us:7.1f} at {both_at} | "
+          f"{fill_note} {fill_cast:.1f} | ours / (gather+scatter + {fill_note}) {ours_b / (both_us + fill_cast):.2f}x")
+    print(f"  f+b floor (gather + gather+scatter + {fill_note}): {gather_us + both_us + fill_cast:.1f}"
+          + (f" against target {target[1]}" if target else ""))
+    for name, (peer_f, peer_fb) in peers.items():
+        print(f"  {name}: fwd {peer_f:.1f} (ours {peer_f / ours_f:.2f}x, the floor {peer_f / gather_us:.2f}x), "
+              f"f+b {peer_fb:.1f} (ours {peer_fb / ours_fb:.2f}x, the floor {peer_fb / (gather_us + both_us + fill_cast):.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="decoder,encoder")
+    parser.add_argument("--dists", default="uniform,local")
+    parser.add_argument("--dtypes", default="fp32,bf16")
     args = parser.parse_args()
     print(f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}")
     print("us: device time with a cold L2 (CUDA graph); floors: best of block_q {16,32,64} x warps {2,4,8} x "
-          "unrolled/run-time loop; bwd = f+b - fwd")
-    shape = DETR
-    for cname, (B, Q) in configs(shape).items():
-        if cname not in args.configs.split(","):
-            continue
-        for dname, dtype in DTYPES.items():
-            module = load_variant(shape, dtype)
-            value, shapes, start, loc, w = inputs(shape, B, Q, dtype, local=False)
-            S = value.shape[1]
-            rows = corner_rows(shapes, start, loc, S)
-            grad = torch.randn(B, Q, shape.m * shape.d, device="cuda", dtype=dtype)
-            # The floor kernels take grad per (batch, head) pair, as ours read it.
-            grad_pairs = grad.view(B, Q, shape.m, shape.d).permute(0, 2, 1, 3).contiguous().view(B * shape.m, Q, shape.d)
-            check(rows, value, grad_pairs, Q)
-            valid = int((rows >= 0).sum())
-            row_bytes = shape.d * value.element_size()
-
-            ours_f = cold_l2_us(lambda: module.msda_forward(value, shapes, start, loc, w))
-            ours_fb = cold_l2_us(fwd_bwd(module.msda_forward, value, shapes, start, loc, w, grad))
-            gather_us, gather_at = best(lambda s: gather(rows, value, Q, s))
-            fp32_buffer = torch.zeros(value.shape, dtype=torch.float32, device="cuda")
-            scatter_us, scatter_at = best(lambda s: scatter(rows, grad_pairs, value, fp32_buffer, Q, s, False))
-            both_us, both_at = best(lambda s: scatter(rows, grad_pairs, value, fp32_buffer, Q, s, True))
-            fill_cast = cold_l2_us(lambda: fp32_buffer.zero_()) + cold_l2_us(lambda: fp32_buffer.to(dtype))
-            target_f, target_fb = TARGETS[(cname, dname)]
-            print(f"{cname} {dname}: B={B} Q={Q} S={S}; {valid:,} in-range corner rows of {rows.numel():,} "
-                  f"({valid * row_bytes / 1e6:.1f} MB of rows, value {value.numel() * value.element_size() / 1e6:.1f} MB)")
-            print(f"  forward  ours {ours_f:7.1f}  target {target_f:5d} | gather floor {gather_us:7.1f} at {gather_at} "
-                  f"({valid * row_bytes / gather_us / 1e6:.2f} TB/s of rows) | ours / floor {ours_f / gather_us:.2f}x")
-            ours_b = ours_fb - ours_f
-            print(f"  backward ours {ours_b:7.1f}  (f+b {ours_fb:.1f}, target {target_fb}) | fp32 scatter floor "
-                  f"{scatter_us:7.1f} at {scatter_at} | gather+scatter floor {both_us:7.1f} at {both_at} | "
-                  f"ours / floor {ours_b / both_us:.2f}x | fp32 buffer zero fill + cast {fill_cast:.1f}")
-            print(f"  f+b floor (gather floor + gather+scatter floor): {gather_us + both_us:.1f} against target {target_fb}")
-            if dtype != torch.float32:
-                native = torch.zeros_like(value)
-                native_us, native_at = best(lambda s: scatter(rows, grad_pairs, value, native, Q, s, True))
-                print(f"  gather+scatter floor with native {dname} atomics: {native_us:7.1f} at {native_at}; "
-                      f"f+b floor {gather_us + native_us:.1f}")
+          "unrolled/run-time loop; backward = f+b - forward; Nx: how many times the floor's (or ours') time")
+    for cname, (B, Q) in configs(DETR).items():
+        for dist in args.dists.split(","):
+            for dname in args.dtypes.split(","):
+                if cname in args.configs.split(","):
+                    measure(load_variant(DETR, DTYPES[dname]), cname, dist, DTYPES[dname], B, Q)
 
 
 if __name__ == "__main__":
