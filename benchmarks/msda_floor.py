@@ -220,7 +220,7 @@ def main() -> None:
     print(f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}")
     print("us: device time with a cold L2 (CUDA graph); floors: best of block_q {16,32,64} x warps {2,4,8} x "
-          "unrolled/run-time loop; backward = f+b - forward; Nx: how many times the floor's (or ours') time")
+          "unrolled/run-time loop; backward = f+b - forward; a peer's Nx: its time over ours, and over the floor's")
     for cname, (B, Q) in configs(DETR).items():
         for dist in args.dists.split(","):
             for dname in args.dtypes.split(","):
