@@ -182,8 +182,9 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
     peers = {}
     for name, fn in deformops_peers().items():
         try:
-            peers[name] = (timed(lambda: fn(value, shapes, start, loc, w), True)[0],
-                           timed(fwd_bwd(fn, value, shapes, start, loc, w, grad), True)[0])
+            # (us, mark): marked "*" where the peer could not be graph-captured (do_bench instead)
+            peers[name] = (timed(lambda: fn(value, shapes, start, loc, w), True),
+                           timed(fwd_bwd(fn, value, shapes, start, loc, w, grad), True))
         except Exception as exc:  # noqa: BLE001 - report the peer, keep the floors
             torch.cuda.synchronize()
             print(f"  {name}: n/a ({type(exc).__name__}: {exc})")
@@ -212,9 +213,9 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
           f"{fill_note} {fill_cast:.1f} | ours / (gather+scatter + {fill_note}) {ours_b / (both_us + fill_cast):.2f}x")
     print(f"  f+b floor (gather + gather+scatter + {fill_note}): {gather_us + both_us + fill_cast:.1f}"
           + (f" against target {target[1]}" if target else ""))
-    for name, (peer_f, peer_fb) in peers.items():
-        print(f"  {name}: fwd {peer_f:.1f} (ours {peer_f / ours_f:.2f}x, the floor {peer_f / gather_us:.2f}x), "
-              f"f+b {peer_fb:.1f} (ours {peer_fb / ours_fb:.2f}x, the floor {peer_fb / (gather_us + both_us + fill_cast):.2f}x)")
+    for name, ((peer_f, mark_f), (peer_fb, mark_fb)) in peers.items():
+        print(f"  {name}: fwd {peer_f:.1f}{mark_f} (ours {peer_f / ours_f:.2f}x, the floor {peer_f / gather_us:.2f}x), "
+              f"f+b {peer_fb:.1f}{mark_fb} (ours {peer_fb / ours_fb:.2f}x, the floor {peer_fb / (gather_us + both_us + fill_cast):.2f}x)")
 
 
 def main() -> None:
@@ -226,7 +227,8 @@ def main() -> None:
     print(f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}")
     print("us: device time with a cold L2 (CUDA graph); floors: best of block_q {16,32,64} x warps {2,4,8} x "
-          "unrolled/run-time loop; backward = f+b - forward; a peer's Nx: its time over ours, and over the floor's")
+          "unrolled/run-time loop; backward = f+b - forward; a peer's Nx: its time over ours, and over the floor's; "
+          "* a peer timed by do_bench (no graph capture)")
     for cname, (B, Q) in configs(DETR).items():
         for dist in args.dists.split(","):
             for dname in args.dtypes.split(","):
