@@ -3,10 +3,10 @@
 Run from the project root on a CUDA machine: `python benchmarks/msda_floor.py`.
 
 For the Deformable DETR shape (benchmarks/msda.py's inputs, same seed; uniform and local
-sampling), the corner rows every sample touches are listed once on the host (row index of value,
-or -1 where the corner lies outside its level, as grid_sample's zero padding drops it). Three
-kernels then move exactly those rows and do nothing else, each at its best of a small schedule
-sweep:
+sampling), every sample is listed once on the host as one int32: the row of value at its top-left
+corner and which of its four corners lie inside its level (grid_sample's zero padding drops the
+others). Three kernels then move exactly those corner rows and do nothing else, each at its best
+of a small schedule sweep:
 
 - gather: the forward's memory work, every in-range corner row read and summed per query;
 - scatter: the backward's grad_value work, a per-query row atomically added at every corner,
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,115 +43,179 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 SCHEDULES = [(block_q, warps, unrolled) for block_q in (16, 32, 64) for warps in (2, 4, 8) for unrolled in (True, False)]
 
 
-def corner_rows(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S: int) -> torch.Tensor:
-    """Row of value (viewed as [B*S*M, D]) at each corner of each sample, -1 outside its level,
-    as int32 [B*M, L*K*4, Q]: one (batch, head) pair's list per program column, coalesced over q."""
+# A sample as the floor kernels read it, one int32: bits 0-26 the row of its top-left corner plus
+# a bias (the row may be negative: a corner left of or above its level), bits 27-30 which of its
+# four corners (top-left, top-right, bottom-left, bottom-right) lie inside the level. Ours read 6
+# (bf16) or 12 (fp32) bytes a sample; the floors read 4.
+INSIDE_SHIFT = tl.constexpr(27)
+ROW_MASK = tl.constexpr((1 << 27) - 1)
+
+
+def sample_list(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S: int) -> tuple[torch.Tensor, int]:
+    """(samples, bias): every sample packed as above, int32 [B*M, L*K, Q] (one (batch, head)
+    pair's list per program column, coalesced over q), and the bias its rows carry."""
     B, Q, M, L, K, _ = loc.shape
     height = shapes[:, 0].view(1, 1, 1, L, 1).float()
     width = shapes[:, 1].view(1, 1, 1, L, 1).float()
-    x = loc[..., 0].float() * width - 0.5  # align_corners=False, as the kernels compute it
-    y = loc[..., 1].float() * height - 0.5
-    x0, y0 = torch.floor(x), torch.floor(y)
+    # Pixel coordinates as the kernels compute them (align_corners=False).
+    x0 = torch.floor(loc[..., 0].float() * width - 0.5)
+    y0 = torch.floor(loc[..., 1].float() * height - 0.5)
+    inside = torch.zeros(x0.shape, dtype=torch.int64, device=loc.device)
+    for corner, (dy, dx) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+        xi, yi = x0 + dx, y0 + dy
+        inside |= ((xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)).long() << corner
+    # A top-left corner further out than one pixel has no corner inside (its bits are 0 by now):
+    # clamped, its row stays small.
+    x0, y0 = x0.clamp(min=-1).minimum(width), y0.clamp(min=-1).minimum(height)
     batch = torch.arange(B, device=loc.device).view(B, 1, 1, 1, 1)
     head = torch.arange(M, device=loc.device).view(1, 1, M, 1, 1)
-    rows = []
-    for dy in (0, 1):
-        for dx in (0, 1):
-            xi, yi = x0 + dx, y0 + dy
-            inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
-            pixel = start.view(1, 1, 1, L, 1) + (yi * width + xi).long()
-            row = (batch * S + pixel) * M + head
-            rows.append(torch.where(inside, row, -1))
-    return torch.stack(rows, -1).permute(0, 2, 3, 4, 5, 1).reshape(B * M, L * K * 4, Q).int().contiguous()
+    top_left = (batch * S + start.view(1, 1, 1, L, 1) + (y0 * width + x0).long()) * M + head
+    bias = (int(shapes[:, 1].max()) + 1) * M
+    assert 0 <= int((top_left + bias).min()) and int((top_left + bias).max()) < 1 << INSIDE_SHIFT.value
+    packed = (top_left + bias) | (inside << INSIDE_SHIFT.value)
+    return packed.permute(0, 2, 3, 4, 1).reshape(B * M, L * K, Q).int().contiguous(), bias
+
+
+def corner_rows(samples: torch.Tensor, bias: int, shapes: torch.Tensor, M: int) -> torch.Tensor:
+    """The rows the kernels reach from each packed sample: int64 [B*M, L*K*4, Q], -1 for a corner
+    outside its level (torch's own arithmetic, for the checks)."""
+    packed = samples.long()
+    points = samples.shape[1] // shapes.shape[0]
+    width = shapes[:, 1].repeat_interleave(points).view(1, -1, 1)  # each sample's level width
+    top_left = (packed & ROW_MASK.value) - bias
+    rows = [torch.where((packed >> (INSIDE_SHIFT.value + corner)) & 1 == 1, top_left + dx * M + dy * width * M, -1)
+            for corner, (dy, dx) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1)))]
+    return torch.stack(rows, 2).reshape(samples.shape[0], -1, samples.shape[2])
 
 
 @triton.jit
-def _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D: tl.constexpr):
-    row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-    return acc + tl.load(value_ptr + row[:, None] * D + d[None, :], mask=(row >= 0)[:, None], other=0.0).to(tl.float32)
+def _corners(samples, j, Q, q, q_in, bias):
+    """A sample's packed word per query -> its top-left row and its inside bits (0 past Q)."""
+    packed = tl.load(samples + j * Q + q, mask=q_in, other=0)
+    return (packed & ROW_MASK) - bias, packed >> INSIDE_SHIFT
 
 
 @triton.jit
-def _gather(rows_ptr, value_ptr, out_ptr, Q, CORNERS: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-            UNROLLED: tl.constexpr):
+def _gather_sample(acc, samples, j, Q, q, q_in, width, bias, value_ptr, d, M: tl.constexpr, D: tl.constexpr):
+    top_left, inside = _corners(samples, j, Q, q, q_in, bias)
+    for corner in tl.static_range(4):
+        row = top_left + (corner % 2) * M + (corner // 2) * width * M
+        valid = ((inside >> corner) & 1) != 0
+        acc += tl.load(value_ptr + row[:, None] * D + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gather(samples_ptr, shapes_ptr, value_ptr, out_ptr, Q, bias, M: tl.constexpr, D: tl.constexpr,
+            LEVELS: tl.constexpr, POINTS: tl.constexpr, BLOCK_Q: tl.constexpr, UNROLLED: tl.constexpr):
     pid_q = tl.program_id(0)
     pair = tl.program_id(1)
     q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d = tl.arange(0, D)
     q_in = q < Q
-    row_list = rows_ptr + pair * CORNERS * Q
+    samples = samples_ptr + pair * LEVELS * POINTS * Q
     acc = tl.zeros((BLOCK_Q, D), dtype=tl.float32)
-    if UNROLLED:
-        for j in tl.static_range(CORNERS):
-            acc = _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D)
-    else:
-        for j in tl.range(CORNERS):
-            acc = _gather_corner(acc, row_list, j, Q, q, q_in, value_ptr, d, D)
+    for level in tl.static_range(LEVELS):
+        width = tl.load(shapes_ptr + 2 * level + 1).to(tl.int32)
+        if UNROLLED:
+            for k in tl.static_range(POINTS):
+                acc = _gather_sample(acc, samples, level * POINTS + k, Q, q, q_in, width, bias, value_ptr, d, M, D)
+        else:
+            for k in tl.range(POINTS):
+                acc = _gather_sample(acc, samples, level * POINTS + k, Q, q, q_in, width, bias, value_ptr, d, M, D)
     tl.store(out_ptr + (pair * Q + q)[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=q_in[:, None])
 
 
 @triton.jit
-def _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D: tl.constexpr,
-                    GATHER: tl.constexpr):
-    row = tl.load(row_list + j * Q + q, mask=q_in, other=-1)
-    at = row[:, None] * D + d[None, :]
-    if GATHER:
-        dots += tl.sum(tl.load(value_ptr + at, mask=(row >= 0)[:, None], other=0.0).to(tl.float32) * grad, 1)
-    tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=(row >= 0)[:, None], sem="relaxed")
+def _scatter_sample(dots, grad, samples, j, Q, q, q_in, width, bias, value_ptr, buffer_ptr, d, M: tl.constexpr,
+                    D: tl.constexpr, GATHER: tl.constexpr):
+    top_left, inside = _corners(samples, j, Q, q, q_in, bias)
+    for corner in tl.static_range(4):
+        at = (top_left + (corner % 2) * M + (corner // 2) * width * M)[:, None] * D + d[None, :]
+        valid = (((inside >> corner) & 1) != 0)[:, None]
+        if GATHER:
+            dots += tl.sum(tl.load(value_ptr + at, mask=valid, other=0.0).to(tl.float32) * grad, 1)
+        tl.atomic_add(buffer_ptr + at, grad.to(buffer_ptr.dtype.element_ty), mask=valid, sem="relaxed")
     return dots
 
 
 @triton.jit
-def _scatter(rows_ptr, grad_ptr, value_ptr, buffer_ptr, dot_ptr, Q, CORNERS: tl.constexpr, D: tl.constexpr,
-             BLOCK_Q: tl.constexpr, UNROLLED: tl.constexpr, GATHER: tl.constexpr):
+def _scatter(samples_ptr, shapes_ptr, grad_ptr, value_ptr, buffer_ptr, dot_ptr, Q, bias, M: tl.constexpr,
+             D: tl.constexpr, LEVELS: tl.constexpr, POINTS: tl.constexpr, BLOCK_Q: tl.constexpr,
+             UNROLLED: tl.constexpr, GATHER: tl.constexpr):
     """grad rows added at every corner (GATHER: and the corner rows read, dotted with them)."""
     pid_q = tl.program_id(0)
     pair = tl.program_id(1)
     q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d = tl.arange(0, D)
     q_in = q < Q
-    row_list = rows_ptr + pair * CORNERS * Q
+    samples = samples_ptr + pair * LEVELS * POINTS * Q
     grad = tl.load(grad_ptr + (pair * Q + q)[:, None] * D + d[None, :], mask=q_in[:, None], other=0.0).to(tl.float32)
     dots = tl.zeros((BLOCK_Q,), dtype=tl.float32)
-    if UNROLLED:
-        for j in tl.static_range(CORNERS):
-            dots = _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D, GATHER)
-    else:
-        for j in tl.range(CORNERS):
-            dots = _scatter_corner(dots, grad, row_list, j, Q, q, q_in, value_ptr, buffer_ptr, d, D, GATHER)
+    for level in tl.static_range(LEVELS):
+        width = tl.load(shapes_ptr + 2 * level + 1).to(tl.int32)
+        if UNROLLED:
+            for k in tl.static_range(POINTS):
+                dots = _scatter_sample(dots, grad, samples, level * POINTS + k, Q, q, q_in, width, bias, value_ptr,
+                                       buffer_ptr, d, M, D, GATHER)
+        else:
+            for k in tl.range(POINTS):
+                dots = _scatter_sample(dots, grad, samples, level * POINTS + k, Q, q, q_in, width, bias, value_ptr,
+                                       buffer_ptr, d, M, D, GATHER)
     if GATHER:
         tl.store(dot_ptr + pair * Q + q, dots, mask=q_in)
 
 
-def gather(rows, value, Q, schedule):
+@dataclass(frozen=True)
+class Samples:
+    """The packed sample list with what the kernels need to expand it."""
+    packed: torch.Tensor  # int32 [B*M, L*K, Q]
+    bias: int
+    shapes: torch.Tensor  # [L, 2] (height, width) per level
+    heads: int
+
+    @property
+    def pairs(self) -> int:
+        return self.packed.shape[0]
+
+    @property
+    def queries(self) -> int:
+        return self.packed.shape[2]
+
+
+def gather(samples: Samples, value, schedule):
     block_q, warps, unrolled = schedule
-    pairs, corners, _ = rows.shape
-    out = torch.empty(pairs, Q, value.shape[-1], dtype=value.dtype, device=value.device)
-    _gather[(triton.cdiv(Q, block_q), pairs)](rows, value, out, Q, corners, value.shape[-1], block_q, unrolled,
-                                               num_warps=warps)
+    levels, D, Q = samples.shapes.shape[0], value.shape[-1], samples.queries
+    out = torch.empty(samples.pairs, Q, D, dtype=value.dtype, device=value.device)
+    _gather[(triton.cdiv(Q, block_q), samples.pairs)](
+        samples.packed, samples.shapes, value, out, Q, samples.bias, samples.heads, D, levels,
+        samples.packed.shape[1] // levels, block_q, unrolled, num_warps=warps)
     return out
 
 
-def scatter(rows, grad, value, buffer, Q, schedule, with_gather):
+def scatter(samples: Samples, grad, value, buffer, schedule, with_gather):
     block_q, warps, unrolled = schedule
-    pairs, corners, _ = rows.shape
-    dots = torch.empty(pairs, Q, dtype=torch.float32, device=grad.device)
-    _scatter[(triton.cdiv(Q, block_q), pairs)](rows, grad, value, buffer, dots, Q, corners, grad.shape[-1], block_q,
-                                                unrolled, with_gather, num_warps=warps)
+    levels, D, Q = samples.shapes.shape[0], value.shape[-1], samples.queries
+    dots = torch.empty(samples.pairs, Q, dtype=torch.float32, device=grad.device)
+    _scatter[(triton.cdiv(Q, block_q), samples.pairs)](
+        samples.packed, samples.shapes, grad, value, buffer, dots, Q, samples.bias, samples.heads, D, levels,
+        samples.packed.shape[1] // levels, block_q, unrolled, with_gather, num_warps=warps)
     return dots
 
 
-def check(rows, value, grad, Q):
-    """The floor kernels move the right rows: their results against torch's gather and index_add."""
+def check(samples: Samples, value, grad):
+    """The floor kernels move the right rows: their results against torch's gather and index_add
+    over the rows corner_rows expands the same samples to."""
+    Q = samples.queries
     table = value.reshape(-1, value.shape[-1]).float()
-    flat = rows.permute(0, 2, 1).reshape(-1, rows.shape[1]).long()  # [pairs*Q, corners]
+    rows = corner_rows(samples.packed, samples.bias, samples.shapes, samples.heads)
+    flat = rows.permute(0, 2, 1).reshape(-1, rows.shape[1])  # [pairs*Q, corners]
     picked = torch.where((flat >= 0)[..., None], table[flat.clamp(min=0)], 0.0)
-    want_sum = picked.sum(1)
-    got = gather(rows, table.view_as(value), Q, SCHEDULES[0]).reshape(-1, value.shape[-1])
-    assert torch.allclose(got, want_sum, rtol=1e-4, atol=1e-3), (got - want_sum).abs().max()
+    got = gather(samples, table.view_as(value), SCHEDULES[0]).reshape(-1, value.shape[-1])
+    assert torch.allclose(got, picked.sum(1), rtol=1e-4, atol=1e-3), (got - picked.sum(1)).abs().max()
     g = grad.reshape(-1, grad.shape[-1]).float()
     buffer = torch.zeros_like(table)
-    dots = scatter(rows, g.view(rows.shape[0], Q, -1), table.view_as(value), buffer, Q, SCHEDULES[0], True)
+    dots = scatter(samples, g.view(samples.pairs, Q, -1), table.view_as(value), buffer, SCHEDULES[0], True)
     want = torch.zeros_like(table).index_add_(0, flat[flat >= 0], g[:, None, :].expand(-1, flat.shape[1], -1)[flat >= 0])
     assert torch.allclose(buffer, want, rtol=1e-4, atol=1e-3), (buffer - want).abs().max()
     assert torch.allclose(dots.reshape(-1), (picked * g[:, None, :]).sum((1, 2)), rtol=1e-4, atol=1e-2)
@@ -168,12 +233,13 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
     shape = DETR
     value, shapes, start, loc, w = inputs(shape, B, Q, dtype, dist == "local")
     S = value.shape[1]
-    rows = corner_rows(shapes, start, loc, S)
+    packed, bias = sample_list(shapes, start, loc, S)
+    samples = Samples(packed, bias, shapes, shape.m)
     grad = torch.randn(B, Q, shape.m * shape.d, device=value.device, dtype=dtype)
     # The floor kernels take grad per (batch, head) pair, the order ours read it in.
     grad_pairs = grad.view(B, Q, shape.m, shape.d).permute(0, 2, 1, 3).contiguous().view(B * shape.m, Q, shape.d)
-    check(rows, value, grad_pairs, Q)
-    valid = int((rows >= 0).sum())
+    check(samples, value, grad_pairs)
+    valid = int((corner_rows(packed, bias, shapes, shape.m) >= 0).sum())
     row_bytes = shape.d * value.element_size()
 
     ours_f = cold_l2_us(lambda: module.msda_forward(value, shapes, start, loc, w))
@@ -192,9 +258,9 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
     # an fp32 buffer (zero-filled, then cast: timed apart below).
     native = module.GRAD_VALUE_ACCUMULATION[cname] == "native"
     buffer = torch.zeros(value.shape, dtype=value.dtype if native else torch.float32, device=value.device)
-    gather_us, gather_at = best(lambda s: gather(rows, value, Q, s))
-    scatter_us, scatter_at = best(lambda s: scatter(rows, grad_pairs, value, buffer, Q, s, False))
-    both_us, both_at = best(lambda s: scatter(rows, grad_pairs, value, buffer, Q, s, True))
+    gather_us, gather_at = best(lambda s: gather(samples, value, s))
+    scatter_us, scatter_at = best(lambda s: scatter(samples, grad_pairs, value, buffer, s, False))
+    both_us, both_at = best(lambda s: scatter(samples, grad_pairs, value, buffer, s, True))
     accumulation = f"native {DTYPE_NAMES[dtype]} atomics" if native else "fp32 atomics"
     if native or dtype == torch.float32:
         fill_cast = cold_l2_us(lambda: buffer.zero_())
@@ -204,7 +270,7 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
         fill_note = "fp32 buffer zero fill + cast"
 
     target = TARGETS[(cname, DTYPE_NAMES[dtype])] if dist == "uniform" else None
-    print(f"{cname} {dist} {DTYPE_NAMES[dtype]}: B={B} Q={Q} S={S}; {valid:,} in-range corner rows of {rows.numel():,} "
+    print(f"{cname} {dist} {DTYPE_NAMES[dtype]}: B={B} Q={Q} S={S}; {valid:,} in-range corner rows of {4 * packed.numel():,} "
           f"({valid * row_bytes / 1e6:.1f} MB of rows; value {value.numel() * value.element_size() / 1e6:.1f} MB)")
     print(f"  forward  ours {ours_f:7.1f}{f'  target {target[0]}' if target else ''} | gather floor {gather_us:7.1f} at "
           f"{gather_at} ({valid * row_bytes / gather_us / 1e6:.2f} TB/s of rows) | ours / floor {ours_f / gather_us:.2f}x")

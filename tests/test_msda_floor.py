@@ -1,6 +1,7 @@
-"""benchmarks/msda_floor.py, on CPU under the interpreter: its corner lists are grid_sample's
-corners (weighted by the bilinear and attention weights they reproduce the reference forward),
-and its floor kernels move exactly those rows (against torch's gather and index_add)."""
+"""benchmarks/msda_floor.py, on CPU under the interpreter: its packed samples expand to
+grid_sample's corners (weighted by the bilinear and attention weights they reproduce the
+reference forward), and its floor kernels move exactly those rows (against torch's gather and
+index_add)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_corner_rows_are_grid_samples_corners():
     value, shapes, start, loc, weights = _inputs()
     B, S, M, D = value.shape
     Q, L, K = loc.shape[1], loc.shape[3], loc.shape[4]
-    rows = msda_floor.corner_rows(shapes, start, loc, S)  # [B*M, L*K*4, Q]
+    packed, bias = msda_floor.sample_list(shapes, start, loc, S)
+    rows = msda_floor.corner_rows(packed, bias, shapes, M)  # [B*M, L*K*4, Q]
     assert 0 < int((rows >= 0).sum()) < rows.numel()  # some corners inside, some dropped
     # Bilinear weights of the four corners, in the order corner_rows lists them (dy major).
     width = shapes[:, 1].view(1, 1, 1, L, 1).double()
@@ -59,14 +61,15 @@ def test_corner_rows_are_grid_samples_corners():
 def test_floor_kernels_move_exactly_the_corner_rows(monkeypatch, schedule):
     value, shapes, start, loc, _ = _inputs(Q=37)  # ragged: not a multiple of either block
     value = value.float()
-    rows = msda_floor.corner_rows(shapes, start, loc.float(), value.shape[1])
-    grad = torch.randn(rows.shape[0], loc.shape[1], value.shape[-1], generator=torch.Generator().manual_seed(1))
+    packed, bias = msda_floor.sample_list(shapes, start, loc.float(), value.shape[1])
+    samples = msda_floor.Samples(packed, bias, shapes, value.shape[2])
+    grad = torch.randn(packed.shape[0], loc.shape[1], value.shape[-1], generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(msda_floor, "SCHEDULES", [schedule])
-    msda_floor.check(rows, value, grad, loc.shape[1])
-    # check() must fail on a kernel that drops a corner: here, every list's last corner.
-    dropped = rows.clone()
-    dropped[:, -1] = -1
+    msda_floor.check(samples, value, grad)
+    # check() must fail on a kernel that drops corners: here, every list's last sample.
+    dropped = msda_floor.Samples(packed.clone(), bias, shapes, value.shape[2])
+    dropped.packed[:, -1] &= msda_floor.ROW_MASK.value
+    real_gather = msda_floor.gather
+    monkeypatch.setattr(msda_floor, "gather", lambda s, *a: real_gather(dropped, *a))
     with pytest.raises(AssertionError):
-        real_gather = msda_floor.gather
-        monkeypatch.setattr(msda_floor, "gather", lambda r, *a: real_gather(dropped, *a))
-        msda_floor.check(rows, value, grad, loc.shape[1])
+        msda_floor.check(samples, value, grad)
