@@ -13,7 +13,7 @@ of a small schedule sweep:
   with the accumulation ours uses at that size (native 16-bit adds, or an fp32 buffer);
 - gather+scatter: the backward's value reads and grad_value adds together.
 
-Programs are laid out as ours are (BLOCK_Q queries of one (batch, head) pair), the corner lists
+Programs are laid out as ours are (BLOCK_Q queries of one (batch, head) pair), the sample lists
 are read coalesced, and nothing else is computed, so each time is a floor for a kernel that
 moves these rows from this memory system in this order. Ours and deformops (when installed) are
 timed in the same run: their ratios to the floors say how much is left above the memory work,
