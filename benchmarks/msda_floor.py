@@ -35,10 +35,9 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from msda import DETR, TARGETS, configs, deformops_peers, fwd_bwd, inputs, load_variant, timed  # noqa: E402
+from msda import DETR, DTYPES, TARGETS, configs, deformops_peers, fwd_bwd, inputs, load_variant, timed  # noqa: E402
 from timing import cold_l2_us  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 SCHEDULES = [(block_q, warps, unrolled) for block_q in (16, 32, 64) for warps in (2, 4, 8) for unrolled in (True, False)]
 
