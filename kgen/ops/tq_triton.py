@@ -46,7 +46,8 @@ TILE_PACKED_BYTES = 128 * 128
 DECODE_WARPS = 4  # warps per program
 DECODE_STAGES = 2  # software-pipeline depth of the tile loop's cache loads (3: 493 us against 479 at d128)
 # The chunked form (one softmax state per warp, transposed MMAs; benchmarks/RESULTS.md, session
-# 13) against the shared-tile form, decode kernel alone, H200, Hk 8 (tq_chunked_ab_s13_h200.log):
+# 13) against the shared-tile form, decode kernel alone, H200, Hk 8
+# (benchmarks/logs/tq_chunked_ab_s13_h200.log):
 # 16 x 32K 1.18-1.19x at d128 QG 4-8, 1.12x at d64, 1.11x at d256; 1 x 1K 0.96-1.09x. At QG 16
 # (N = 16) its accumulators spill: 0.70x capped, 0.80x uncapped. With two pipeline stages it
 # spills too (835 against 425 us at d128 16 x 32K), so it runs one.
@@ -61,8 +62,8 @@ CHUNK_TOKENS = 32
 # Warps per chunked program (one 32-token chunk each), by K words per lane. d128 (4 words) runs
 # 2-warp programs: a finer grain than 4 warps evens out the SMs' work. H200, 2026-12-05, d128
 # qg8 bs16 at Hk 8, whole pipeline, cold L2 (benchmarks/tq_decode_schedules.py,
-# tq_schedules_s24_h200.log), 4 warps / 2 warps: 64 x 32K 1039.5 / 1006.9 us, 16 x 32K 274.9 /
-# 270.4, 4 x 32K 82.9 / 79.4, 16 x 8K 82.9 / 81.6, 1 x 32K 33.2 / 31.3, and the one loss, 1 x 1K
+# benchmarks/logs/tq_schedules_s24_h200.log), 4 warps / 2 warps: 64 x 32K 1039.5 / 1006.9 us,
+# 16 x 32K 274.9 / 270.4, 4 x 32K 82.9 / 79.4, 16 x 8K 82.9 / 81.6, 1 x 32K 33.2 / 31.3, and the one loss, 1 x 1K
 # 14.4 / 16.0 (a 256-token partition is 4 tiles in a row instead of 2). On an H100 the same
 # change took 64 x 32K from 1553.0 to 1113.8 us: 512 4-warp programs for 396 resident slots left
 # a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs, 6 an SM, fit one.
@@ -73,7 +74,8 @@ CHUNKED_WARPS = {2: 4, 4: 2}
 # Where those 2-warp programs lose: a batch whose partitions are single 256-token groups (short or
 # few sequences) is latency-bound, and a group is 4 tiles in a row in a 2-warp program against 2
 # in a 4-warp one. Such launches run 4-warp programs when one wave of them holds the grid. H100,
-# 2026-12-05, d128 qg8 bs16, Hk 8, whole pipeline (tq_schedules_short_s25_h100.log), 2 / 4 warps:
+# 2026-12-05, d128 qg8 bs16, Hk 8, whole pipeline (benchmarks/logs/tq_schedules_short_s25_h100.log),
+# 2 / 4 warps:
 # 1 x 1K 15.9 / 14.2 us, 1 x 2K 16.1 / 14.9, 1 x 4K 16.9 / 15.7, 4 x 1K 16.8 / 15.4 (H200,
 # session 24: 1 x 1K 16.0 / 14.4); 16 x 1K (512 programs, past one 4-warp wave) 24.2 / 23.6 and
 # 64 x 1K (4-group partitions) 49.9 / 64.1 keep 2 warps.
