@@ -63,10 +63,11 @@ CHUNK_TOKENS = 32
 # 2-warp programs: a finer grain than 4 warps evens out the SMs' work. H200, 2026-12-05, d128
 # qg8 bs16 at Hk 8, whole pipeline, cold L2 (benchmarks/tq_decode_schedules.py,
 # benchmarks/logs/tq_schedules_s24_h200.log), 4 warps / 2 warps: 64 x 32K 1039.5 / 1006.9 us,
-# 16 x 32K 274.9 / 270.4, 4 x 32K 82.9 / 79.4, 16 x 8K 82.9 / 81.6, 1 x 32K 33.2 / 31.3, and the one loss, 1 x 1K
-# 14.4 / 16.0 (a 256-token partition is 4 tiles in a row instead of 2). On an H100 the same
-# change took 64 x 32K from 1553.0 to 1113.8 us: 512 4-warp programs for 396 resident slots left
-# a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs, 6 an SM, fit one.
+# 16 x 32K 274.9 / 270.4, 4 x 32K 82.9 / 79.4, 16 x 8K 82.9 / 81.6, 1 x 32K 33.2 / 31.3, and the
+# one loss, 1 x 1K 14.4 / 16.0 (a 256-token partition is 4 tiles in a row instead of 2). On an
+# H100 the same change took 64 x 32K from 1553.0 to 1113.8 us: 512 4-warp programs for 396
+# resident slots left a second wave on part of the SMs (3 to 6 programs an SM); 2-warp programs,
+# 6 an SM, fit one.
 # d64 (2 words) keeps 4 warps: 2-warp programs measured 163.0 against 169.5 us at 16 x 32K but
 # 617.7 against 612.7 at 64 x 32K and level at 1 x 32K (H100, session 25), too mixed to change on
 # one card.
