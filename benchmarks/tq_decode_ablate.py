@@ -76,22 +76,15 @@ def load_forms(name: str, folder: Path) -> dict:
 
 def sass_counts(name: str, forms: dict) -> None:
     """Per form: the bulk decode launch compiled for sm_90, its registers, spills and SASS counts."""
-    import triton
-
     sys.path.insert(0, str(ROOT / "tests"))
     import sm90_compile as sm90
 
     for form, module in forms.items():
         kernel, args, options = next(l for l in sm90.record_launches(module) if l[0].__name__ == f"{name}_kernel")
-        compiled = []
-        real_compile = triton.compile
-        triton.compile = lambda *a, **k: compiled.append(real_compile(*a, **k)) or compiled[-1]
-        try:
-            info = sm90.compile_launch(kernel, args, options)
-        finally:
-            triton.compile = real_compile
+        compiled = sm90.compile_kernel(kernel, args, options)
+        info = sm90.resource_usage(compiled, options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled[-1].asm["cubin"])
+            f.write(compiled.asm["cubin"])
             f.flush()
             sass = subprocess.run([str(sm90.CUOBJDUMP), "-sass", f.name], capture_output=True, text=True, check=True).stdout
         ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)

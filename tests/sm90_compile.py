@@ -85,7 +85,8 @@ def record_msda_launches(module) -> list[tuple]:
     return launches
 
 
-def compile_launch(kernel, args, options) -> dict:
+def compile_kernel(kernel, args, options):
+    """The kernel compiled for sm_90 as the recorded launch would compile it (Triton's result)."""
     names = kernel.arg_names
     constexprs = {k: v for k, v in options.items() if k not in LAUNCH_OPTIONS}
     signature, attrs = {}, {}
@@ -102,13 +103,17 @@ def compile_launch(kernel, args, options) -> dict:
             signature[name] = "fp32" if isinstance(value, float) else "i32"
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     launch = {k: options[k] for k in LAUNCH_OPTIONS if k in options}
-    compiled = triton.compile(source, target=TARGET, options=launch)
+    return triton.compile(source, target=TARGET, options=launch)
+
+
+def resource_usage(compiled, options) -> dict:
+    """What MARK reports of a compiled kernel: its resource use and the facts of its PTX."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            "maxnreg": launch.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
+            "maxnreg": options.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
             "vector_loads_before_wait": compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4")}
 
 
@@ -119,7 +124,7 @@ def main() -> None:
         for kernel, args, options in (record_msda_launches if name.startswith("msda_") else record_launches)(module):
             record = {"module": name, "kernel": kernel.__name__}
             try:
-                record.update(ok=True, **compile_launch(kernel, args, options))
+                record.update(ok=True, **resource_usage(compile_kernel(kernel, args, options), options))
             except Exception as e:  # reported with the kernel's name; the test fails on it
                 record.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
             print(MARK + json.dumps(record), flush=True)
