@@ -75,16 +75,6 @@ def sample_list(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S:
     return packed.permute(0, 2, 3, 4, 1).reshape(B * M, L * K, Q).int().contiguous(), bias
 
 
-def corner_rows(samples: torch.Tensor, bias: int, shapes: torch.Tensor, M: int) -> torch.Tensor:
-    """The rows the kernels reach from each packed sample: int64 [B*M, L*K*4, Q], -1 for a corner
-    outside its level (torch's own arithmetic, for the checks)."""
-    packed = samples.long()
-    points = samples.shape[1] // shapes.shape[0]
-    width = shapes[:, 1].repeat_interleave(points).view(1, -1, 1)  # each sample's level width
-    top_left = (packed & ROW_MASK.value) - bias
-    rows = [torch.where((packed >> (INSIDE_SHIFT.value + corner)) & 1 == 1, top_left + dx * M + dy * width * M, -1)
-            for corner, (dy, dx) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1)))]
-    return torch.stack(rows, 2).reshape(samples.shape[0], -1, samples.shape[2])
 
 
 @triton.jit
@@ -181,24 +171,43 @@ class Samples:
     def queries(self) -> int:
         return self.packed.shape[2]
 
+    @property
+    def levels(self) -> int:
+        return self.shapes.shape[0]
+
+    @property
+    def points(self) -> int:
+        return self.packed.shape[1] // self.levels
+
+
+def corner_rows(samples: Samples) -> torch.Tensor:
+    """The rows the kernels reach from each packed sample: int64 [B*M, L*K*4, Q], -1 for a corner
+    outside its level (torch's own arithmetic, for the checks)."""
+    packed, M = samples.packed.long(), samples.heads
+    width = samples.shapes[:, 1].repeat_interleave(samples.points).view(1, -1, 1)  # each sample's level width
+    top_left = (packed & ROW_MASK.value) - samples.bias
+    rows = [torch.where((packed >> (INSIDE_SHIFT.value + corner)) & 1 == 1, top_left + dx * M + dy * width * M, -1)
+            for corner, (dy, dx) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1)))]
+    return torch.stack(rows, 2).reshape(samples.pairs, -1, samples.queries)
+
 
 def gather(samples: Samples, value, schedule):
     block_q, warps, unrolled = schedule
-    levels, D, Q = samples.shapes.shape[0], value.shape[-1], samples.queries
+    D, Q = value.shape[-1], samples.queries
     out = torch.empty(samples.pairs, Q, D, dtype=value.dtype, device=value.device)
     _gather[(triton.cdiv(Q, block_q), samples.pairs)](
-        samples.packed, samples.shapes, value, out, Q, samples.bias, samples.heads, D, levels,
-        samples.packed.shape[1] // levels, block_q, unrolled, num_warps=warps)
+        samples.packed, samples.shapes, value, out, Q, samples.bias, samples.heads, D, samples.levels,
+        samples.points, block_q, unrolled, num_warps=warps)
     return out
 
 
 def scatter(samples: Samples, grad, value, buffer, schedule, with_gather):
     block_q, warps, unrolled = schedule
-    levels, D, Q = samples.shapes.shape[0], value.shape[-1], samples.queries
+    D, Q = value.shape[-1], samples.queries
     dots = torch.empty(samples.pairs, Q, dtype=torch.float32, device=grad.device)
     _scatter[(triton.cdiv(Q, block_q), samples.pairs)](
-        samples.packed, samples.shapes, grad, value, buffer, dots, Q, samples.bias, samples.heads, D, levels,
-        samples.packed.shape[1] // levels, block_q, unrolled, with_gather, num_warps=warps)
+        samples.packed, samples.shapes, grad, value, buffer, dots, Q, samples.bias, samples.heads, D, samples.levels,
+        samples.points, block_q, unrolled, with_gather, num_warps=warps)
     return dots
 
 
@@ -207,7 +216,7 @@ def check(samples: Samples, value, grad):
     over the rows corner_rows expands the same samples to."""
     Q = samples.queries
     table = value.reshape(-1, value.shape[-1]).float()
-    rows = corner_rows(samples.packed, samples.bias, samples.shapes, samples.heads)
+    rows = corner_rows(samples)
     flat = rows.permute(0, 2, 1).reshape(-1, rows.shape[1])  # [pairs*Q, corners]
     picked = torch.where((flat >= 0)[..., None], table[flat.clamp(min=0)], 0.0)
     got = gather(samples, table.view_as(value), SCHEDULES[0]).reshape(-1, value.shape[-1])
@@ -238,7 +247,7 @@ def measure(module, cname: str, dist: str, dtype: torch.dtype, B: int, Q: int) -
     # The floor kernels take grad per (batch, head) pair, the order ours read it in.
     grad_pairs = grad.view(B, Q, shape.m, shape.d).permute(0, 2, 1, 3).contiguous().view(B * shape.m, Q, shape.d)
     check(samples, value, grad_pairs)
-    valid = int((corner_rows(packed, bias, shapes, shape.m) >= 0).sum())
+    valid = int((corner_rows(samples) >= 0).sum())
     row_bytes = shape.d * value.element_size()
 
     ours_f = cold_l2_us(lambda: module.msda_forward(value, shapes, start, loc, w))

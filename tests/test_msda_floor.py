@@ -40,7 +40,7 @@ def test_corner_rows_are_grid_samples_corners():
     B, S, M, D = value.shape
     Q, L, K = loc.shape[1], loc.shape[3], loc.shape[4]
     packed, bias = msda_floor.sample_list(shapes, start, loc, S)
-    rows = msda_floor.corner_rows(packed, bias, shapes, M)  # [B*M, L*K*4, Q]
+    rows = msda_floor.corner_rows(msda_floor.Samples(packed, bias, shapes, M))  # [B*M, L*K*4, Q]
     assert 0 < int((rows >= 0).sum()) < rows.numel()  # some corners inside, some dropped
     # Bilinear weights of the four corners, in the order corner_rows lists them (dy major).
     width = shapes[:, 1].view(1, 1, 1, L, 1).double()
