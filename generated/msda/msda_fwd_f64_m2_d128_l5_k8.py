@@ -3,7 +3,7 @@
 # spec sha256:      4f919d1e60d9f574d6c4669d8107eaf0f8b00c54e55d2af2a71bc4f8bb349bf1
 # templates sha256: accf3d702bf3d1122cfa10c77c9ed6beeeb43cb26ad7535bd69d13ee6dd933b8
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    b7b2a78d8df327aee8645ab412162e61d877841561840626e358ecb68774dd7b (msda.tuning.json, beside the spec)
+# tuning sha256:    95208900ec622bbd8e5712f2b54a44849ae840eb624b9447e031746d21f25df7 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867584 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 21474841360 (2^34.3) >= 2^31 at the declared maxima
