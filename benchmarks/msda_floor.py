@@ -75,8 +75,6 @@ def sample_list(shapes: torch.Tensor, start: torch.Tensor, loc: torch.Tensor, S:
     return packed.permute(0, 2, 3, 4, 1).reshape(B * M, L * K, Q).int().contiguous(), bias
 
 
-
-
 @triton.jit
 def _corners(samples, j, Q, q, q_in, bias):
     """A sample's packed word per query -> its top-left row and its inside bits (0 past Q)."""

@@ -26,7 +26,6 @@ import argparse
 import importlib.util
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -83,10 +82,7 @@ def sass_counts(name: str, forms: dict) -> None:
         kernel, args, options = next(l for l in sm90.record_launches(module) if l[0].__name__ == f"{name}_kernel")
         compiled = sm90.compile_kernel(kernel, args, options)
         info = sm90.resource_usage(compiled, options)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([str(sm90.CUOBJDUMP), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        sass = sm90.cuobjdump(compiled, "-sass")
         ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
         integer = sum(op.split(".")[0] in INTEGER_OPS for op in ops)
         print(f"{form}: CHUNKS {options.get('CHUNKS')}, {info['registers']} registers, {info['stack']} B stack, "

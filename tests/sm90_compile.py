@@ -106,12 +106,17 @@ def compile_kernel(kernel, args, options):
     return triton.compile(source, target=TARGET, options=launch)
 
 
-def resource_usage(compiled, options) -> dict:
-    """What MARK reports of a compiled kernel: its resource use and the facts of its PTX."""
+def cuobjdump(compiled, flag: str) -> str:
+    """cuobjdump's report (flag: --dump-resource-usage, -sass, ...) on a compiled kernel's cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(CUOBJDUMP), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resource_usage(compiled, options) -> dict:
+    """What MARK reports of a compiled kernel: its resource use and the facts of its PTX."""
+    usage = cuobjdump(compiled, "--dump-resource-usage")
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "maxnreg": options.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
             "vector_loads_before_wait": compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4")}
