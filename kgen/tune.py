@@ -1,10 +1,11 @@
 """Schedule tuning: the spec declares candidates and size classes, `kgen tune` (CUDA only) times
 them and writes the winners to a checked-in tuning file, which generation reads.
 
-    spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop, corners}, size_classes: [...]}
+    spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop, corners, locations},
+          size_classes: [...]}
     file  specs/<name>.tuning.json: {"spec", "tuned_on", "schedules": {variant: {class: {forward,
-          backward}: {block_q, num_warps, num_stages, point_loop, corners, us, default_us,
-          [tuned_on]}}}}
+          backward}: {block_q, num_warps, num_stages, point_loop, corners, locations, us,
+          default_us, [tuned_on]}}}}
 
 An entry timed on another machine than the file's `tuned_on` (a later `kgen tune --only` run)
 carries its own `tuned_on`, so every schedule names the GPU and versions it was chosen on.
@@ -36,22 +37,28 @@ from typing import Any, Callable, Mapping
 from kgen.errors import KgenError, SpecError
 from kgen.spec import reader as r
 
-LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages", "point_loop", "corners")
+LAUNCH_FIELDS = ("block_q", "num_warps", "num_stages", "point_loop", "corners", "locations")
 DIRECTIONS = ("forward", "backward")
 POINT_LOOPS = ("unrolled", "run_time")  # the kernel's loop over sampling points: static_range or tl.range
 # How the forward adds a sample's four bilinear corners into its accumulator: as one weighted sum
 # (summed), or each corner by its own fused multiply-add, with bf16 rows widened by inline PTX on
 # NVIDIA (fused): fewer instructions, but a longer dependency chain through the accumulator.
 CORNER_FORMS = ("summed", "fused")
+# How the forward loads a sample's location: x and y as two [BLOCK_Q] loads (separate), or as one
+# [BLOCK_Q, 2] load split in registers (paired; only where x and y are adjacent in memory). A
+# query's parameters lie hundreds of bytes from the next query's, so each [BLOCK_Q] load touches
+# one L1 sector per query: pairing halves the location loads' sectors.
+LOCATION_FORMS = ("separate", "paired")
 # Fields only one direction's kernel reads: the tuner times the other direction at the field's
 # default alone (its other values would time the same kernel again).
-ONE_DIRECTION_FIELDS = {"corners": "forward"}
+ONE_DIRECTION_FIELDS = {"corners": "forward", "locations": "forward"}
 FIELD_CHECKS = {
     "block_q": r.power_of_two(8, 256),
     "num_warps": r.power_of_two(1, 16),
     "num_stages": r.integer(1, 8),
     "point_loop": r.one_of(*POINT_LOOPS),
     "corners": r.one_of(*CORNER_FORMS),
+    "locations": r.one_of(*LOCATION_FORMS),
 }
 
 
@@ -64,6 +71,7 @@ class Launch:
     num_stages: int
     point_loop: str = "unrolled"  # POINT_LOOPS; "unrolled" yields to a run-time loop where unrolling is too large
     corners: str = "summed"  # CORNER_FORMS (the forward only)
+    locations: str = "separate"  # LOCATION_FORMS (the forward only)
 
     def __str__(self) -> str:
         return " ".join(f"{f}={getattr(self, f)}" for f in LAUNCH_FIELDS)

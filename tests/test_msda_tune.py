@@ -65,12 +65,44 @@ def test_candidates_skip_schedules_whose_register_tile_does_not_fit():
     # BLOCK_D 128: block_q * 128 values over 32 * num_warps threads must stay within 1 to 32 each.
     # L*K = 40 samples: unrolled, only 16 x 128 over 8 warps (8 values each) stays within
     # UNROLLED_TILE_VALUES (40 * 8 = 320 <= 512); every other fitting tile has run-time loops only.
-    # Each in both corner forms.
+    # Each in both corner forms and both location forms (the shipped layout puts y after x).
     fits = [(16, 2, 1), (16, 4, 1), (16, 8, 1), (32, 4, 1), (32, 8, 1), (64, 8, 1)]
     loops = [(*f, "run_time") for f in fits] + [(16, 8, 1, "unrolled")]
-    assert wide == sorted(Launch(*f, corners) for f in loops for corners in ("summed", "fused"))
+    assert wide == sorted(Launch(*f, corners, locations) for f in loops for corners in ("summed", "fused") for locations in ("separate", "paired"))
     narrow = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m16_d16_l2_k4"))
-    assert len(narrow) == 36 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time", "fused") in narrow  # 64 x 16 over 64 threads: 16 each
+    assert len(narrow) == 72 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time", "fused", "paired") in narrow  # 64 x 16 over 64 threads: 16 each
+
+
+# sampling_locations with the (x, y) axis outermost: y lies B*Q*M*L*K elements after x.
+PLANAR = SPEC_TEXT.replace(
+    "  sampling_locations: {shape: [B, Q, M, L, K, 2], dtype: dtype}",
+    "  sampling_locations: {shape: [B, Q, M, L, K, 2], dtype: dtype, layout: [2, B, Q, M, L, K]}",
+)
+
+
+def test_paired_locations_need_y_right_after_x(tmp_path):
+    """Paired locations load (x, y) as one (BLOCK_Q, 2) tile: a layout that puts the pair's axis
+    elsewhere drops them from the candidates, and a spec schedule that names them is refused at
+    its line; separate loads still address that layout (through the derived strides)."""
+    assert PLANAR != SPEC_TEXT
+    spec = load_spec(spec_copy(tmp_path, PLANAR))
+    assert msda.xy_stride(spec, variant(spec, SMALL)) != 1 and msda.xy_stride(SPEC, variant(SPEC, SMALL)) == 1
+    got = msda.tune_candidates(spec, variant(spec, SMALL))
+    assert got and {c.locations for c in got} == {"separate"}
+    text = PLANAR.replace("  block_q: 32        # queries per program", "  locations: paired\n  block_q: 32        # queries per program")
+    path = spec_copy(tmp_path, text)
+    with pytest.raises(SpecError) as err:
+        list(generate(load_spec(path), ROOT))
+    assert err.value.line == line_of(text, "  locations: paired") and err.value.field == "schedule.locations"
+    assert "elements after x (needs 1)" in err.value.message, err.value.message
+    # A tuning file entry that names them is refused in the tuning file, with the same reason.
+    paired = dict(GOOD, locations="paired")
+    entries = {SMALL: {"decoder": {"forward": paired, "backward": GOOD}}}
+    path = spec_copy(tmp_path, PLANAR, tuning=tuning(entries))
+    with pytest.raises(SpecError) as err:
+        list(generate(load_spec(path), ROOT))
+    assert err.value.path.endswith("specs/msda.tuning.json") and err.value.field == f"schedules.{SMALL}.decoder.forward"
+    assert "elements after x (needs 1)" in err.value.message, err.value.message
 
 
 def test_candidates_always_include_the_spec_default(tmp_path):
@@ -122,7 +154,7 @@ GOOD = {"block_q": 16, "num_warps": 2, "num_stages": 1, "us": 5.25, "default_us"
          "schedules.msda_fwd_f32_m8_d40_l4_k4", "not a variant of"),
         ({SMALL: {"tiny": {"forward": GOOD}}}, '"tiny"', f"schedules.{SMALL}.tiny", "expected a size class of the spec's tune.size_classes (decoder, encoder)"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, block_q=128, num_warps=8)}}}, '"forward"', f"schedules.{SMALL}.decoder.forward",
-         "block_q=128 num_warps=8 num_stages=1 point_loop=unrolled corners=summed: not among tune.candidates"),
+         "block_q=128 num_warps=8 num_stages=1 point_loop=unrolled corners=summed locations=separate: not among tune.candidates"),
         ({"msda_fwd_f32_m2_d128_l5_k8": {"encoder": {"backward": dict(GOOD, block_q=64)}}}, '"backward"',
          "schedules.msda_fwd_f32_m2_d128_l5_k8.encoder.backward", "a BLOCK_Q x BLOCK_D = 64 x 128 tile over 2 warps is 128 values per thread"),
         ({SMALL: {"decoder": {"forward": dict(GOOD, num_warps=3)}}}, '"num_warps"', f"schedules.{SMALL}.decoder.forward.num_warps",
@@ -274,6 +306,62 @@ def test_fused_corners_everywhere_leave_one_form_and_bf16_widens_by_ptx_on_nvidi
     assert 'launch["WIDEN_PTX"] = WIDEN_PTX\n' in bf16
 
 
+def test_location_form_per_size_class_is_a_constexpr_and_both_forms_match_the_reference(tmp_path):
+    """Tuned entries that pair the decoder forward's location loads and keep the encoder's apart:
+    PAIRED_LOCATIONS per launch, beside FUSED_CORNERS where the corner forms differ too (each its
+    own SCHEDULES entry); every class matches the reference under the interpreter."""
+    paired = dict(GOOD, locations="paired", corners="fused")
+    entries = {SMALL: {"decoder": {"forward": paired, "backward": GOOD}, "encoder": {"forward": GOOD, "backward": GOOD}}}
+    spec = load_spec(spec_copy(tmp_path, narrow(), tuning=tuning(entries)))
+    text = next(o.text for o in generate(spec, ROOT) if o.variant == SMALL)
+    assert "forward (BLOCK_Q, num_warps, num_stages, points per step of the point loop,\n# corners fused, locations paired), backward" in text
+    assert '("decoder", 8192, (16, 2, 1, 4, True, True), (16, 2, 1, 2, 12), torch.float32),' in text
+    assert '("encoder", None, (16, 2, 1, 4, False, False), (16, 2, 1, 2, 12), torch.float32),' in text
+    forward = text[text.index(f"def _{SMALL}_kernel(") : text.index("def _corner_backward")]
+    assert "FUSED_CORNERS: tl.constexpr,\n    PAIRED_LOCATIONS: tl.constexpr," in forward and "            if PAIRED_LOCATIONS:\n" in forward
+    assert forward.count("loc_xy = tl.load(") == 1 and forward.count("loc_x = tl.load(") == 1
+    path = tmp_path / f"{SMALL}.py"
+    path.write_text(text)
+    module = load_module(path)
+    decoder, encoder = module._launch(8192, backward=False)[1], module._launch(8193, backward=False)[1]
+    assert (decoder["FUSED_CORNERS"], decoder["PAIRED_LOCATIONS"], encoder["FUSED_CORNERS"], encoder["PAIRED_LOCATIONS"]) == (True, True, False, False)
+    assert "PAIRED_LOCATIONS" not in module._launch(8192, backward=True)[1]
+    results = check(module, spec, variant(spec, SMALL), "cpu")
+    forced = [r for r in results if r["case"].startswith("[encoder schedule]")]
+    assert len(forced) == 4 and all(r["ok"] for r in results), results  # forward + three gradients
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_paired_locations_everywhere_leave_one_form_and_match_the_separate_loads_bitwise(tmp_path, dtype):
+    """A spec schedule of paired locations: one form, no constexpr, and (under the interpreter)
+    the same output bit for bit as separate loads, on locations that reach outside the levels."""
+    import torch
+
+    text = narrow().replace("dtype: [float32]", f"dtype: [{dtype}]")
+    separate = next(o.text for o in generate(load_spec(spec_copy(tmp_path, text)), ROOT) if "m1_d24" in o.variant)
+    text = text.replace("  block_q: 32        # queries per program", "  locations: paired\n  block_q: 32        # queries per program")
+    spec = load_spec(spec_copy(tmp_path, text))
+    paired = next(o.text for o in generate(spec, ROOT) if "m1_d24" in o.variant)
+    forward = paired[paired.index("def _msda_fwd_") : paired.index("def _corner_backward")]
+    assert "PAIRED_LOCATIONS" not in paired and "loc_xy = tl.load(" in forward and "loc_x = tl.load(" not in forward
+    facts = {f.name: f.value for f in msda.lower(spec, next(v for v in msda.variants(spec) if "m1_d24" in v.name)).facts}
+    assert facts["locations forward"] == "decoder paired, encoder paired"
+    modules = []
+    for name, source in (("separate", separate), ("paired", paired)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        modules.append(load_module(path))
+    g = torch.Generator().manual_seed(7)
+    torch_dtype = getattr(torch, dtype)
+    shapes = torch.tensor([[5, 7], [3, 4], [2, 2]])
+    areas = shapes[:, 0] * shapes[:, 1]
+    value = torch.randn(2, int(areas.sum()), 1, 24, generator=g).to(torch_dtype)
+    loc = (torch.rand(2, 37, 1, 3, 4, 2, generator=g) * 1.4 - 0.2).to(torch_dtype)  # 37: ragged against every block_q
+    weights = torch.rand(2, 37, 1, 3, 4, generator=g).to(torch_dtype)
+    outs = [m.msda_forward(value, shapes, torch.cumsum(areas, 0) - areas, loc, weights) for m in modules]
+    assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])
+
+
 # ---- the tuner, end to end on CPU with an injected timer -----------------------------------------
 
 # Two candidates x two classes x (forward, backward), in the order the tuner times them.
@@ -284,7 +372,7 @@ FAKE_US = {
 
 
 def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys):
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired]", "locations: [separate]")
     path = spec_copy(tmp_path, text)
     order = iter(sorted(FAKE_US, key=lambda k: (k[0], k[1] == "encoder", k[2] == "backward")))
     calls = []
@@ -305,7 +393,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
                    ("encoder", "forward"): (32, 4.0, 4.0), ("encoder", "backward"): (16, 3.0, 10.0)}
     assert written["tuned_on"]["device"] == "cpu (Triton interpreter)"
     out = capsys.readouterr().out
-    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1 point_loop=unrolled corners=summed, 5.0 us (spec default: 6.0 us)" in out
+    assert f"{SMALL} decoder forward: block_q=16 num_warps=4 num_stages=1 point_loop=unrolled corners=summed locations=separate, 5.0 us (spec default: 6.0 us)" in out
     spec = load_spec(path)  # generation reads what the tuner wrote
     row = next(c for c in msda.schedules(spec, variant(spec, SMALL)) if c.name == "encoder")
     assert (row.forward, row.backward) == (Launch(32, 4, 1), Launch(16, 4, 1))
@@ -318,7 +406,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
 def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_path):
     """--direction backward (after a change to the backward kernel): only backward launches are
     timed, the tuning file's forward entries stay as they were."""
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired]", "locations: [separate]")
     forward = dict(GOOD, block_q=32, num_warps=4)
     entries = {SMALL: {c: {"forward": forward, "backward": forward} for c in ("decoder", "encoder")}}
     path = spec_copy(tmp_path, text, tuning=tuning(entries))
@@ -345,8 +433,9 @@ def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_
 
 
 def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
-    """corners changes the forward kernel only: its fused candidates are timed forward, and the
-    backward is timed once per other schedule (it would be the same kernel again)."""
+    """corners and locations change the forward kernel only: their non-default candidates are
+    timed forward, and the backward is timed once per other schedule (it would be the same kernel
+    again)."""
     text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]")
     path = spec_copy(tmp_path, text)
     calls = []
@@ -354,17 +443,18 @@ def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
     def timer(fn):
         fn()
         calls.append(1)
-        return 1.0 if len(calls) in (1, 2) else 9.0  # (16, fused) forward, decoder and encoder: the winner
+        return 1.0 if len(calls) in (1, 2) else 9.0  # (16, fused, paired) forward, decoder and encoder: the winner
 
     sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
     assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
-    # In order: (16, fused) forward only, per class (calls 1, 2), (16, summed) forward and
-    # backward (3-6), the default (32, summed) forward and backward (7-10).
-    assert len(calls) == 10
+    # In order, per class: (16, fused, paired), (16, fused, separate) and (16, summed, paired)
+    # forward only (calls 1-6), (16, summed, separate) forward and backward (7-10), the default
+    # (32, summed, separate) forward and backward (11-14).
+    assert len(calls) == 14
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
-    assert {c: e["forward"]["corners"] for c, e in written.items()} == {"decoder": "fused", "encoder": "fused"}
-    assert {c: e["backward"]["corners"] for c, e in written.items()} == {"decoder": "summed", "encoder": "summed"}
+    assert {c: (e["forward"]["corners"], e["forward"]["locations"]) for c, e in written.items()} == {"decoder": ("fused", "paired"), "encoder": ("fused", "paired")}
+    assert {c: (e["backward"]["corners"], e["backward"]["locations"]) for c, e in written.items()} == {"decoder": ("summed", "separate"), "encoder": ("summed", "separate")}
 
 
 def test_kgen_tune_narrow_times_a_subset_of_the_candidates(tmp_path):
@@ -377,16 +467,17 @@ def test_kgen_tune_narrow_times_a_subset_of_the_candidates(tmp_path):
     def timer(fn):
         fn()
         calls.append(1)
-        return 1.0 if len(calls) == 1 else 9.0  # (16, 4, fused) forward, decoder: the winner
+        return 1.0 if len(calls) == 1 else 9.0  # (16, 4, fused, paired) forward, decoder: the winner
 
     sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward",
                               narrow=["block_q=16", "num_warps=4", "point_loop=unrolled"])
     assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
-    # (16, 4, unrolled) fused and summed, and the default (32, 4, unrolled, summed): 3 x 2 classes.
-    assert len(calls) == 6
+    # (16, 4, unrolled) in both corner and both location forms, and the default (32, 4, unrolled,
+    # summed, separate): 5 x 2 classes.
+    assert len(calls) == 10
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
-    assert (written["decoder"]["forward"]["block_q"], written["decoder"]["forward"]["corners"]) == (16, "fused")
+    assert tuple(written["decoder"]["forward"][f] for f in ("block_q", "corners", "locations")) == (16, "fused", "paired")
     for bad, needle in (("num_warps=3", "'3' is not among tune.candidates.num_warps [2, 4, 8]"), ("warps=4", "expected FIELD=V1,V2 with FIELD one of")):
         args.narrow = [bad]
         with pytest.raises(KgenError, match=re.escape(needle)):

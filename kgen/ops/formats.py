@@ -73,6 +73,12 @@ MSDA = Struct(
                         "multiply-add each into the accumulator (`fused`; bf16 rows then widen to fp32 by inline PTX on NVIDIA).",
                         default=FIELD_DEFAULTS["corners"],
                     ),
+                    "locations": Field(
+                        FIELD_CHECKS["locations"],
+                        "How the forward loads a sample's location: x and y as two (block_q,) loads (`separate`), or as one "
+                        "(block_q, 2) load split in registers (`paired`; needs y right after x in sampling_locations' layout).",
+                        default=FIELD_DEFAULTS["locations"],
+                    ),
                     "target": Field(
                         r.one_of(*NVIDIA_TARGETS),
                         "The NVIDIA GPU the backward is planned for: grad_value is scattered with native atomic adds "

@@ -123,6 +123,7 @@ class Schedule:
     num_stages: int
     point_loop: str  # tune.POINT_LOOPS
     corners: str  # tune.CORNER_FORMS: how the forward adds a sample's four corners
+    locations: str  # tune.LOCATION_FORMS: how the forward loads a sample's (x, y)
     target: str  # an NVIDIA arch of kgen.targets.NVIDIA_TARGETS: decides grad_value's atomics
     deterministic: bool  # bitwise-reproducible grad_value (fixed-point int64 accumulation)
     # "native": the input dtype's atomics where the target has them; "fp32": never narrower than
@@ -131,7 +132,7 @@ class Schedule:
 
     @property
     def launch(self) -> Launch:
-        return Launch(self.block_q, self.num_warps, self.num_stages, self.point_loop, self.corners)
+        return Launch(self.block_q, self.num_warps, self.num_stages, self.point_loop, self.corners, self.locations)
 
     def accumulation_for(self, size_class: str) -> str:
         choice = self.grad_accumulation
@@ -203,11 +204,13 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
         num_stages=sched.get("num_stages", r.integer(1, 8), default=1),
         point_loop=sched.get("point_loop", FIELD_CHECKS["point_loop"], default=FIELD_DEFAULTS["point_loop"]),
         corners=sched.get("corners", FIELD_CHECKS["corners"], default=FIELD_DEFAULTS["corners"]),
+        locations=sched.get("locations", FIELD_CHECKS["locations"], default=FIELD_DEFAULTS["locations"]),
         target=sched.get("target", r.one_of(*NVIDIA_TARGETS), default="sm_90"),
         deterministic=sched.get("deterministic", r.boolean, default=False),
         grad_accumulation=sched.get("grad_accumulation", Accumulation(), default="native"),
     )
     accumulation_line = sched.line_of("grad_accumulation")
+    locations_line = sched.line_of("locations")
     sched.finish()
 
     masking = root.section("masking")
@@ -241,6 +244,7 @@ def parse_options(root: r.Section, dims: Mapping[str, Dim], axes: Mapping[str, t
     lines.update({f"dims.{n}": dims_section.line_of(n) for n in dims})
     lines.update({f"variants.axes.{n}": variants.section("axes").line_of(n) for n in axes})
     lines["variants"] = root.line_of("variants")
+    lines["schedule.locations"] = locations_line
     for i, item in enumerate(variants.items_of("shapes") if variants.has("shapes") else ()):
         lines[f"variants.shapes[{i}]"] = item.line
         lines.update({f"variants.shapes[{i}].{k}": item.line_of(k) for k in item.data})
@@ -406,18 +410,40 @@ def default_launch(spec: Spec) -> Launch:
 
 def tune_candidates(spec: Spec, variant: Variant) -> list[Launch]:
     """The schedules `kgen tune` times for this variant: tune.candidates and the default, minus
-    those whose register tile does not fit this head dim, and unrolled point loops where unrolling
-    is too large (the kernel would be the run_time candidate's)."""
+    those candidate_problem refuses."""
+    return enumerate_candidates(spec.options.tune, default_launch(spec), lambda launch: candidate_problem(spec, variant, launch))
+
+
+def candidate_problem(spec: Spec, variant: Variant, launch: Launch) -> str | None:
+    """Why this variant cannot take `launch` as a tuning candidate: a register tile that does not
+    fit its head dim, an unrolled point loop where unrolling is too large (the kernel would be the
+    run_time candidate's), or paired locations where x and y are not adjacent; None if it can."""
     consts = spec.constants(variant.values)
     L, K, block_d = consts["L"], consts["K"], block_d_of(consts["D"])
+    problem = launch_problem(block_d, launch)
+    if problem:
+        return problem
+    values = unrolled_values(L, K, block_d, launch)
+    if launch.point_loop == "unrolled" and values > UNROLLED_TILE_VALUES:
+        return f"unrolled, L*K*tile values per thread = {values} > {UNROLLED_TILE_VALUES}: the point loop runs at run time anyway (the run_time candidate)"
+    return locations_problem(spec, variant, launch)
 
-    def problem(launch: Launch) -> str | None:
-        values = unrolled_values(L, K, block_d, launch)
-        if launch.point_loop == "unrolled" and values > UNROLLED_TILE_VALUES:
-            return f"unrolled, L*K*tile values per thread = {values} > {UNROLLED_TILE_VALUES}: the point loop runs at run time anyway (the run_time candidate)"
-        return launch_problem(block_d, launch)
 
-    return enumerate_candidates(spec.options.tune, default_launch(spec), problem)
+def locations_problem(spec: Spec, variant: Variant, launch: Launch) -> str | None:
+    """Paired locations load x and y as one (BLOCK_Q, 2) tile: the declared layout of
+    sampling_locations must put y right after x."""
+    if launch.locations != "paired":
+        return None
+    stride = xy_stride(spec, variant)
+    if stride == 1:
+        return None
+    return f"locations=paired loads x and y as one (BLOCK_Q, 2) tile, but sampling_locations' layout puts y {stride} elements after x (needs 1)"
+
+
+def xy_stride(spec: Spec, variant: Variant) -> sympy.Expr:
+    """The stride of sampling_locations' (x, y) axis in its declared layout (1: adjacent)."""
+    layout = _layout(spec, "sampling_locations", spec.constants(variant.values))
+    return sympy.expand(dict(zip(layout.axis_names, layout.strides))["axis5"])
 
 
 def tune_workload(module, spec: Spec, variant: Variant, case: Case, device: str):
@@ -440,6 +466,9 @@ def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tup
     if problem and launch is None:
         field, line = where_set(spec, variant, "D")
         raise SpecError(spec.path, line, field, f"{variant.name}: with schedule block_q={default.block_q}, num_warps={default.num_warps}: {problem}; {_nearest_that_work(D, default)}")
+    problem = locations_problem(spec, variant, default)
+    if problem and launch is None:
+        raise SpecError(spec.path, opts.lines.get("schedule.locations"), "schedule.locations", f"{variant.name}: {problem}")
     classes = opts.tune.classes if opts.tune else ()
     if not classes:
         one = launch or default
@@ -454,7 +483,7 @@ def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tup
                 chosen[direction] = launch or default
                 continue
             if entry.launch not in allowed:
-                why = launch_problem(block_d, entry.launch) or "not among tune.candidates (or the spec's schedule)"
+                why = candidate_problem(spec, variant, entry.launch) or "not among tune.candidates (or the spec's schedule)"
                 field = f"schedules.{variant.name}.{c.name}.{direction}"
                 raise SpecError(tuning.path, entry.line, field, f"{entry.launch}: {why}; re-run kgen tune, or delete the entry to use the spec's schedule")
             chosen[direction] = entry.launch
@@ -524,6 +553,17 @@ class PointLoop:
 
 
 @dataclass(frozen=True)
+class ClassFlag:
+    """A forward constexpr that differs between size classes: one more entry of SCHEDULES' forward
+    tuple, passed to the kernel by name."""
+
+    name: str  # the kernel's constexpr parameter
+    words: str  # what the SCHEDULES entry holds, in the comments
+    values: tuple[bool, ...]  # per size class
+    why: str  # comment on the launch option
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the MSDA template renders, derived from the spec."""
 
@@ -555,6 +595,9 @@ class Plan:
     corners: str  # the forward's corner form (tune.CORNER_FORMS), or "by_class": FUSED_CORNERS per launch
     fused_corners: tuple[bool, ...]  # per size class: each corner by its own fused multiply-add
     widen_ptx: bool  # bf16 corner rows widen to fp32 by inline PTX (NVIDIA) where corners are fused
+    locations: str  # the forward's location form (tune.LOCATION_FORMS), or "by_class": PAIRED_LOCATIONS per launch
+    paired_locations: tuple[bool, ...]  # per size class: x and y as one (BLOCK_Q, 2) load
+    class_flags: tuple[ClassFlag, ...]  # the forward's constexprs that differ by size class, in SCHEDULES order
     sample_steps: tuple[tuple[int, int], ...]  # per size class: the backward's (SAMPLE_STEP, samples per loop trip)
     loc_pairs: bool  # locations lay (L, K, 2) out contiguously: the backward stores x and y as one tile
     schedules: tuple[ClassSchedule, ...]
@@ -620,17 +663,14 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         (step, step if run_time(c.backward) else L * K) for c in plans for step in [sample_step(L, K, block_d, c.backward)]
     )
     corner_forms = tuple(c.forward.corners for c in plans)
+    location_forms = tuple(c.forward.locations for c in plans)
     point_loops = {
         "forward": _point_loop(L, K, list(point_steps), any(too_large(c.forward) for c in plans)),
         "backward": _point_loop(L, K, [trip for _, trip in sample_steps], any(too_large(c.backward) for c in plans), unrolled_step=L * K),
     }
 
     sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
-    fold = {sym[n]: consts[n] for n in CONST_DIMS}
-    layouts = {
-        name: TensorLayout(name, [sym[s] if isinstance(s, str) else s for s in t.shape], t.order, _axis_names(t.shape)).substitute(fold)
-        for name, t in spec.tensors.items()
-    }
+    layouts = {name: _layout(spec, name, consts) for name in spec.tensors}
 
     # Index symbols of the kernel and the ranges the proofs use.
     b, m, q, d, pix, pid_bm, s = (index_symbol(n) for n in ("b", "m", "q", "d", "pixel", "pid_bm", "s"))
@@ -739,6 +779,9 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         Fact("corners forward", ", ".join(f"{c.name} {form}" for c, form in zip(plans, corner_forms)),
              "summed: one weighted sum of the four corner rows per sample; fused: one multiply-add per corner into the "
              "accumulator" + (", bf16 rows widened by inline PTX on NVIDIA" if dtype == "bfloat16" else "")),
+        Fact("locations forward", ", ".join(f"{c.name} {form}" for c, form in zip(plans, location_forms)),
+             "separate: x and y as two (BLOCK_Q,) loads per sample; paired: one (BLOCK_Q, 2) load split in registers "
+             "(sampling_locations puts y right after x), half the L1 sectors"),
         Fact("point loop forward", point_loops["forward"].form.replace("_", " "),
              f"points per step by class: {', '.join(f'{c.name} {steps}' for c, steps in zip(plans, point_steps))}; "
              f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
@@ -789,6 +832,16 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         corners=corner_forms[0] if len(set(corner_forms)) == 1 else "by_class",
         fused_corners=tuple(form == "fused" for form in corner_forms),
         widen_ptx=dtype == "bfloat16" and "fused" in corner_forms,
+        locations=location_forms[0] if len(set(location_forms)) == 1 else "by_class",
+        paired_locations=tuple(form == "paired" for form in location_forms),
+        class_flags=tuple(
+            ClassFlag(name, words, tuple(form == on for form in forms), why)
+            for name, words, forms, on, why in (
+                ("FUSED_CORNERS", "corners fused", corner_forms, "fused", "the way it adds a sample's corners differs by size class"),
+                ("PAIRED_LOCATIONS", "locations paired", location_forms, "paired", "the way it loads a sample's location differs by size class"),
+            )
+            if len(set(forms)) > 1
+        ),
         sample_steps=sample_steps,
         loc_pairs=loc_pairs,
         schedules=plans,
@@ -821,6 +874,14 @@ def _sample_offset(layout: TensorLayout, s: sympy.Symbol, points: int, **rest: s
     if sympy.expand(stride["L"] - points * stride["K"]) == 0:
         return sympy.expand(stride["K"] * s + layout.offset(**rest))
     return layout.offset(L=FloorDiv(s, points), K=Mod(s, points), **rest)
+
+
+def _layout(spec: Spec, name: str, consts: Mapping[str, int]) -> TensorLayout:
+    """A tensor's declared layout, the variant's compile-time dims folded in."""
+    sym = {n: index_symbol(n) for n in RUNTIME_DIMS + CONST_DIMS}
+    t = spec.tensors[name]
+    layout = TensorLayout(name, [sym[s] if isinstance(s, str) else s for s in t.shape], t.order, _axis_names(t.shape))
+    return layout.substitute({sym[n]: consts[n] for n in CONST_DIMS})
 
 
 def _axis_names(shape: tuple) -> list[str]:
