@@ -3,7 +3,7 @@
 # spec sha256:      89940b8ba224b9cf1c4f47ae42c7a17868a774236312ee0e03352ae1aee5a7f4
 # templates sha256: e3ca16d20462a5130e96b6842c90737713091dc2e367a754fccb6f2a44b8e44b
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    95208900ec622bbd8e5712f2b54a44849ae840eb624b9447e031746d21f25df7 (msda.tuning.json, beside the spec)
+# tuning sha256:    b6e61d44401b73cac557dc8900f011d1862ad1d13714076b51a08ab33e6a299b (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867584 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 21474841360 (2^34.3) >= 2^31 at the declared maxima
