@@ -593,10 +593,8 @@ class Plan:
     point_loops: Mapping[str, PointLoop]  # by direction (DIRECTIONS)
     point_steps: tuple[int, ...]  # per size class: the forward's points per loop step
     corners: str  # the forward's corner form (tune.CORNER_FORMS), or "by_class": FUSED_CORNERS per launch
-    fused_corners: tuple[bool, ...]  # per size class: each corner by its own fused multiply-add
     widen_ptx: bool  # bf16 corner rows widen to fp32 by inline PTX (NVIDIA) where corners are fused
     locations: str  # the forward's location form (tune.LOCATION_FORMS), or "by_class": PAIRED_LOCATIONS per launch
-    paired_locations: tuple[bool, ...]  # per size class: x and y as one (BLOCK_Q, 2) load
     class_flags: tuple[ClassFlag, ...]  # the forward's constexprs that differ by size class, in SCHEDULES order
     sample_steps: tuple[tuple[int, int], ...]  # per size class: the backward's (SAMPLE_STEP, samples per loop trip)
     loc_pairs: bool  # locations lay (L, K, 2) out contiguously: the backward stores x and y as one tile
@@ -830,10 +828,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         point_loops=point_loops,
         point_steps=point_steps,
         corners=corner_forms[0] if len(set(corner_forms)) == 1 else "by_class",
-        fused_corners=tuple(form == "fused" for form in corner_forms),
         widen_ptx=dtype == "bfloat16" and "fused" in corner_forms,
         locations=location_forms[0] if len(set(location_forms)) == 1 else "by_class",
-        paired_locations=tuple(form == "paired" for form in location_forms),
         class_flags=tuple(
             ClassFlag(name, words, tuple(form == on for form in forms), why)
             for name, words, forms, on, why in (
