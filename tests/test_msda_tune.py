@@ -82,11 +82,13 @@ PLANAR = SPEC_TEXT.replace(
 
 def test_paired_locations_need_y_right_after_x(tmp_path):
     """Paired locations load (x, y) as one (BLOCK_Q, 2) tile: a layout that puts the pair's axis
-    elsewhere drops them from the candidates, and a spec schedule that names them is refused at
-    its line; separate loads still address that layout (through the derived strides)."""
+    elsewhere drops them from the candidates, and a spec schedule or tuning entry that names them
+    is refused at its line; the spec's separate loads still generate."""
     assert PLANAR != SPEC_TEXT
     spec = load_spec(spec_copy(tmp_path, PLANAR))
     assert msda.xy_stride(spec, variant(spec, SMALL)) != 1 and msda.xy_stride(SPEC, variant(SPEC, SMALL)) == 1
+    planar = next(o.text for o in generate(spec, ROOT) if o.variant == SMALL)
+    assert "loc_x = tl.load(" in planar and "loc_xy" not in planar
     got = msda.tune_candidates(spec, variant(spec, SMALL))
     assert got and {c.locations for c in got} == {"separate"}
     text = PLANAR.replace("  block_q: 32        # queries per program", "  locations: paired\n  block_q: 32        # queries per program")
