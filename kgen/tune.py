@@ -47,8 +47,10 @@ CORNER_FORMS = ("summed", "fused")
 # How the forward loads a sample's location: x and y as two [BLOCK_Q] loads (separate), or as one
 # [BLOCK_Q, 2] load split in registers (paired; only where x and y are adjacent in memory). A
 # query's parameters lie hundreds of bytes from the next query's, so each [BLOCK_Q] load touches
-# one L1 sector per query: pairing halves the location loads' sectors.
-LOCATION_FORMS = ("separate", "paired")
+# one L1 sector per query: pairing halves the location loads' sectors. Or a level's 2K location
+# values and K weights of a query as 64-bit words, each value shifted out of its word at compile
+# time (words; 16- and 32-bit dtypes, an unrolled point loop, runs of whole aligned words).
+LOCATION_FORMS = ("separate", "paired", "words")
 # Fields only one direction's kernel reads: the tuner times the other direction at the field's
 # default alone (its other values would time the same kernel again).
 ONE_DIRECTION_FIELDS = {"corners": "forward", "locations": "forward"}

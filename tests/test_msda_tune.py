@@ -65,12 +65,15 @@ def test_candidates_skip_schedules_whose_register_tile_does_not_fit():
     # BLOCK_D 128: block_q * 128 values over 32 * num_warps threads must stay within 1 to 32 each.
     # L*K = 40 samples: unrolled, only 16 x 128 over 8 warps (8 values each) stays within
     # UNROLLED_TILE_VALUES (40 * 8 = 320 <= 512); every other fitting tile has run-time loops only.
-    # Each in both corner forms and both location forms (the shipped layout puts y after x).
+    # Each in both corner forms and both location forms (the shipped layout puts y after x); the
+    # unrolled one also as words (a level's 16 location and 8 weight values: 4 and 2 words).
     fits = [(16, 2, 1), (16, 4, 1), (16, 8, 1), (32, 4, 1), (32, 8, 1), (64, 8, 1)]
     loops = [(*f, "run_time") for f in fits] + [(16, 8, 1, "unrolled")]
-    assert wide == sorted(Launch(*f, corners, locations) for f in loops for corners in ("summed", "fused") for locations in ("separate", "paired"))
+    forms = {"run_time": ("separate", "paired"), "unrolled": ("separate", "paired", "words")}
+    assert wide == sorted(Launch(*f, corners, locations) for f in loops for corners in ("summed", "fused") for locations in forms[f[3]])
     narrow = msda.tune_candidates(SPEC, variant(SPEC, "msda_fwd_bf16_m16_d16_l2_k4"))
-    assert len(narrow) == 72 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time", "fused", "paired") in narrow  # 64 x 16 over 64 threads: 16 each
+    assert len(narrow) == 90 and Launch(64, 2, 1) in narrow and Launch(64, 2, 1, "run_time", "fused", "paired") in narrow  # 64 x 16 over 64 threads: 16 each
+    assert len([c for c in narrow if c.locations == "words"]) == 18 and Launch(64, 2, 1, "unrolled", "fused", "words") in narrow  # 72 + the 18 unrolled as words
 
 
 # sampling_locations with the (x, y) axis outermost: y lies B*Q*M*L*K elements after x.
@@ -374,7 +377,7 @@ FAKE_US = {
 
 
 def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys):
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired]", "locations: [separate]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired, words]", "locations: [separate]")
     path = spec_copy(tmp_path, text)
     order = iter(sorted(FAKE_US, key=lambda k: (k[0], k[1] == "encoder", k[2] == "backward")))
     calls = []
@@ -408,7 +411,7 @@ def test_kgen_tune_times_every_candidate_and_writes_the_winners(tmp_path, capsys
 def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_path):
     """--direction backward (after a change to the backward kernel): only backward launches are
     timed, the tuning file's forward entries stay as they were."""
-    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired]", "locations: [separate]")
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired, words]", "locations: [separate]")
     forward = dict(GOOD, block_q=32, num_warps=4)
     entries = {SMALL: {c: {"forward": forward, "backward": forward} for c in ("decoder", "encoder")}}
     path = spec_copy(tmp_path, text, tuning=tuning(entries))
@@ -450,10 +453,11 @@ def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
     sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
     assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
-    # In order, per class: (16, fused, paired), (16, fused, separate) and (16, summed, paired)
-    # forward only (calls 1-6), (16, summed, separate) forward and backward (7-10), the default
-    # (32, summed, separate) forward and backward (11-14).
-    assert len(calls) == 14
+    # In order, per class: (16, fused, paired), (16, fused, separate), (16, fused, words) and
+    # (16, summed, paired) forward only (calls 1-8), (16, summed, separate) forward and backward
+    # (9-12), (16, summed, words) forward only (13-14), the default (32, summed, separate) forward
+    # and backward (15-18).
+    assert len(calls) == 18
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
     assert {c: (e["forward"]["corners"], e["forward"]["locations"]) for c, e in written.items()} == {"decoder": ("fused", "paired"), "encoder": ("fused", "paired")}
     assert {c: (e["backward"]["corners"], e["backward"]["locations"]) for c, e in written.items()} == {"decoder": ("summed", "separate"), "encoder": ("summed", "separate")}
@@ -475,9 +479,9 @@ def test_kgen_tune_narrow_times_a_subset_of_the_candidates(tmp_path):
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward",
                               narrow=["block_q=16", "num_warps=4", "point_loop=unrolled"])
     assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
-    # (16, 4, unrolled) in both corner and both location forms, and the default (32, 4, unrolled,
-    # summed, separate): 5 x 2 classes.
-    assert len(calls) == 10
+    # (16, 4, unrolled) in both corner and all three location forms, and the default (32, 4,
+    # unrolled, summed, separate): 7 x 2 classes.
+    assert len(calls) == 14
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]
     assert tuple(written["decoder"]["forward"][f] for f in ("block_q", "corners", "locations")) == (16, "fused", "paired")
     for bad, needle in (("num_warps=3", "'3' is not among tune.candidates.num_warps [2, 4, 8]"), ("warps=4", "expected FIELD=V1,V2 with FIELD one of")):

@@ -76,7 +76,10 @@ MSDA = Struct(
                     "locations": Field(
                         FIELD_CHECKS["locations"],
                         "How the forward loads a sample's location: x and y as two (block_q,) loads (`separate`), or as one "
-                        "(block_q, 2) load split in registers (`paired`; needs y right after x in sampling_locations' layout).",
+                        "(block_q, 2) load split in registers (`paired`; needs y right after x in sampling_locations' layout), or a "
+                        "level's locations and weights of each query as 64-bit words, each value shifted out of its word "
+                        "(`words`; 16- or 32-bit dtypes, an unrolled point loop, and runs of whole 8-byte-aligned words in "
+                        "both layouts).",
                         default=FIELD_DEFAULTS["locations"],
                     ),
                     "target": Field(

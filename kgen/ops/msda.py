@@ -431,13 +431,67 @@ def candidate_problem(spec: Spec, variant: Variant, launch: Launch) -> str | Non
 
 def locations_problem(spec: Spec, variant: Variant, launch: Launch) -> str | None:
     """Paired locations load x and y as one (BLOCK_Q, 2) tile: the declared layout of
-    sampling_locations must put y right after x."""
+    sampling_locations must put y right after x. Words: see word_runs."""
+    if launch.locations == "words":
+        consts = spec.constants(variant.values)
+        if launch.point_loop != "unrolled" or unrolled_values(consts["L"], consts["K"], block_d_of(consts["D"]), launch) > UNROLLED_TILE_VALUES:
+            return "locations=words picks each point's values out of its level's words at compile time: it needs an unrolled point loop (point_loop=unrolled, small enough to unroll)"
+        runs = word_runs(spec, variant)
+        return runs if isinstance(runs, str) else None
     if launch.locations != "paired":
         return None
     stride = xy_stride(spec, variant)
     if stride == 1:
         return None
     return f"locations=paired loads x and y as one (BLOCK_Q, 2) tile, but sampling_locations' layout puts y {stride} elements after x (needs 1)"
+
+
+WORD_BITS = 64  # the words form's load unit: a query's level parameters as int64 words
+DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+@dataclass(frozen=True)
+class WordRun:
+    """One tensor's run of a level's parameters of one query, as whole 64-bit words."""
+
+    tensor: str
+    per_point: int  # values per point: 2 (x, y) or 1 (weight)
+    words: int  # int64 words in a level's run: 1, or an even count (loaded as 16-byte pairs)
+    values_per_word: int
+    base: sympy.Expr  # word offset of (b, q, m)'s run of level 0
+    level: sympy.Expr  # word offset of level l's run from level 0's
+
+
+def word_runs(spec: Spec, variant: Variant) -> tuple[WordRun, WordRun] | str:
+    """The locations' and weights' runs a words-form forward loads, or why it cannot: each
+    query's level must lay its K points (x, y, x, y, ...; and K weights) out as one run of whole
+    64-bit words (1, or an even count: loaded as 16-byte pairs), starting on a word boundary for
+    every (b, q, m, l) at 8-byte-aligned tensors. Proven from the declared layouts: the run's
+    element strides, and every coefficient of its start divisible by the values per word."""
+    consts = spec.constants(variant.values)
+    K = consts["K"]
+    bits = DTYPE_BITS[spec.dtype_of("sampling_locations", variant.values)]
+    if bits not in (16, 32):
+        return f"locations=words packs 16- or 32-bit values into 64-bit words, not {bits}-bit ones"
+    per_word = WORD_BITS // bits
+    b, q, m, lvl = index_symbol("b"), index_symbol("q"), index_symbol("m"), sympy.Symbol("l", integer=True)
+    runs = []
+    for name, per_point in (("sampling_locations", 2), ("attention_weights", 1)):
+        layout = _layout(spec, name, consts)
+        stride = dict(zip(layout.axis_names, layout.strides))
+        if sympy.expand(stride["K"] - per_point) != 0 or (per_point == 2 and sympy.expand(stride["axis5"] - 1) != 0):
+            return f"locations=words loads a level's {name} of a query as one run: its layout must lay out (K{', 2' if per_point == 2 else ''}) contiguously"
+        values = per_point * K
+        words, rest = divmod(values, per_word)
+        if rest or (words > 1 and words % 2):
+            return f"locations=words loads whole 64-bit words, 1 or an even count: a level's {values} {bits}-bit {name} values of a query are {values / per_word:g} words"
+        start = sympy.expand(layout.offset(B=b, Q=q, M=m, L=lvl))
+        coefficients = sympy.Poly(start, *start.free_symbols).coeffs() if start.free_symbols else [start]
+        if any(sympy.Integer(c) % per_word for c in coefficients):
+            return f"locations=words needs every level's run of {name} to start on a 64-bit word: its offset {start} is not a multiple of {per_word} for every index"
+        level = sympy.expand(layout.offset(L=lvl))
+        runs.append(WordRun(name, per_point, words, per_word, sympy.expand((start - level) / per_word), sympy.expand(level / per_word)))
+    return runs[0], runs[1]
 
 
 def xy_stride(spec: Spec, variant: Variant) -> sympy.Expr:
@@ -594,7 +648,9 @@ class Plan:
     point_steps: tuple[int, ...]  # per size class: the forward's points per loop step
     corners: str  # the forward's corner form (tune.CORNER_FORMS), or "by_class": FUSED_CORNERS per launch
     widen_ptx: bool  # bf16 corner rows widen to fp32 by inline PTX (NVIDIA) where corners are fused
-    locations: str  # the forward's location form (tune.LOCATION_FORMS), or "by_class": PAIRED_LOCATIONS per launch
+    locations: str  # the forward's location form (tune.LOCATION_FORMS), or "by_class": a flag per launch
+    location_chain: tuple[str, ...]  # the forms the classes use, in the order the kernel tests their flags
+    word_runs: tuple[WordRun, WordRun] | None  # locations' and weights' runs, where a class loads words
     class_flags: tuple[ClassFlag, ...]  # the forward's constexprs that differ by size class, in SCHEDULES order
     sample_steps: tuple[tuple[int, int], ...]  # per size class: the backward's (SAMPLE_STEP, samples per loop trip)
     loc_pairs: bool  # locations lay (L, K, 2) out contiguously: the backward stores x and y as one tile
@@ -662,6 +718,8 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
     )
     corner_forms = tuple(c.forward.corners for c in plans)
     location_forms = tuple(c.forward.locations for c in plans)
+    # Where classes differ, the kernel tests a flag per form in this order; the last needs none.
+    location_chain = tuple(form for form in ("words", "paired", "separate") if form in location_forms)
     point_loops = {
         "forward": _point_loop(L, K, list(point_steps), any(too_large(c.forward) for c in plans)),
         "backward": _point_loop(L, K, [trip for _, trip in sample_steps], any(too_large(c.backward) for c in plans), unrolled_step=L * K),
@@ -724,6 +782,19 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         "sample_level_w": level_host(layouts["spatial_shapes"].offset(L=lvl, axis1=c_(1))),
         "sample_level_start": level_host(layouts["level_start_index"].offset(L=lvl)),
     }
+    runs = word_runs(spec, variant) if "words" in location_forms else None
+    if runs is not None:
+        # Words: each query's level run of locations (and of weights) as 64-bit words; point k's
+        # values sit at a compile-time word and lane (value slot) of its level's words. Where the
+        # point loop differs by class, the words class runs one unrolled step: k_step is k there.
+        point = PythonPrinter({k_: "k_step"}) if point_loops["forward"].form == "by_class" else host
+        for run, key in zip(runs, ("loc_words", "weight_words")):
+            expr[f"{key}_base"] = address(f"{key}_base", run.base)
+            expr[f"{key}_level"] = host(run.level)
+            points_per_word = run.values_per_word // run.per_point
+            expr[f"{key}_index"] = point(sympy.Integer(0) if K <= points_per_word else FloorDiv(k_, points_per_word))
+            for component in range(run.per_point):
+                expr[f"{key}_lane{component}"] = point(run.per_point * Mod(k_, points_per_word) + component)
     # The backward's corner rows: (BLOCK_Q, SAMPLE_STEP, BLOCK_D), at the forward's proven width.
     gather_bits = next(w.bits for w in widths if w.name == "gather")
     expr["sample_gather"] = TritonPrinter(ranges, {pix: "pixel[:, :, None]", d: "d[None, None, :]"}, bits=gather_bits)(vals.offset(S=pix, D=d))
@@ -779,7 +850,9 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
              "accumulator" + (", bf16 rows widened by inline PTX on NVIDIA" if dtype == "bfloat16" else "")),
         Fact("locations forward", ", ".join(f"{c.name} {form}" for c, form in zip(plans, location_forms)),
              "separate: x and y as two (BLOCK_Q,) loads per sample; paired: one (BLOCK_Q, 2) load split in registers "
-             "(sampling_locations puts y right after x), half the L1 sectors"),
+             "(sampling_locations puts y right after x), half the L1 sectors; words: a level's locations and weights "
+             "of each query as 64-bit words, values shifted out at compile time"),
+
         Fact("point loop forward", point_loops["forward"].form.replace("_", " "),
              f"points per step by class: {', '.join(f'{c.name} {steps}' for c, steps in zip(plans, point_steps))}; "
              f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
@@ -799,6 +872,11 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         if any(a.dtype == "bfloat16" for a in accumulations) else ()
     ) + (
         Fact("backward addresses", "as forward", "grad_value: value_base + gather; grad_out: out; grad_loc, grad_attn: loc_base, weight_base"),
+    ) + tuple(
+        Fact(f"words {run.tensor}", f"{run.words} x int64 per query and level",
+             f"{run.per_point * K} values of {WORD_BITS // run.values_per_word} bits a level; run start "
+             f"{run.base} + {run.level} words, whole for every index")
+        for run in runs or ()
     ) + tuple(Fact(f"range {s}", f"[{rg.lo}, {rg.hi}]", rg.why) for s, rg in ranges.items())
 
     return Plan(
@@ -830,13 +908,16 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
         corners=corner_forms[0] if len(set(corner_forms)) == 1 else "by_class",
         widen_ptx=dtype == "bfloat16" and "fused" in corner_forms,
         locations=location_forms[0] if len(set(location_forms)) == 1 else "by_class",
+        location_chain=location_chain,
+        word_runs=runs,
         class_flags=tuple(
             ClassFlag(name, words, tuple(form == on for form in forms), why)
-            for name, words, forms, on, why in (
-                ("FUSED_CORNERS", "corners fused", corner_forms, "fused", "the way it adds a sample's corners differs by size class"),
-                ("PAIRED_LOCATIONS", "locations paired", location_forms, "paired", "the way it loads a sample's location differs by size class"),
+            for name, words, forms, on, why, needed in (
+                ("FUSED_CORNERS", "corners fused", corner_forms, "fused", "the way it adds a sample's corners differs by size class", len(set(corner_forms)) > 1),
+                ("WORD_LOCATIONS", "locations words", location_forms, "words", "the way it loads a sample's parameters differs by size class", "words" in location_chain[:-1]),
+                ("PAIRED_LOCATIONS", "locations paired", location_forms, "paired", "the way it loads a sample's location differs by size class", "paired" in location_chain[:-1]),
             )
-            if len(set(forms)) > 1
+            if needed
         ),
         sample_steps=sample_steps,
         loc_pairs=loc_pairs,
