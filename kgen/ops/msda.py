@@ -417,7 +417,8 @@ def tune_candidates(spec: Spec, variant: Variant) -> list[Launch]:
 def candidate_problem(spec: Spec, variant: Variant, launch: Launch) -> str | None:
     """Why this variant cannot take `launch` as a tuning candidate: a register tile that does not
     fit its head dim, an unrolled point loop where unrolling is too large (the kernel would be the
-    run_time candidate's), or paired locations where x and y are not adjacent; None if it can."""
+    run_time candidate's), paired locations where x and y are not adjacent, or words where a level's
+    parameters are not runs of whole aligned words; None if it can."""
     consts = spec.constants(variant.values)
     L, K, block_d = consts["L"], consts["K"], block_d_of(consts["D"])
     problem = launch_problem(block_d, launch)
@@ -852,7 +853,6 @@ def lower(spec: Spec, variant: Variant, launch: Launch | None = None) -> Plan:
              "separate: x and y as two (BLOCK_Q,) loads per sample; paired: one (BLOCK_Q, 2) load split in registers "
              "(sampling_locations puts y right after x), half the L1 sectors; words: a level's locations and weights "
              "of each query as 64-bit words, values shifted out at compile time"),
-
         Fact("point loop forward", point_loops["forward"].form.replace("_", " "),
              f"points per step by class: {', '.join(f'{c.name} {steps}' for c, steps in zip(plans, point_steps))}; "
              f"unrolled where schedule/tuning says so and L*K*tile values per thread <= {UNROLLED_TILE_VALUES} (compile time)"),
