@@ -306,6 +306,23 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
     assert 1 in decoded and merged == [p for p in decoded if p > 1], (decoded, merged)
 
 
+@pytest.mark.parametrize("name", ["tq_decode_triton_d128_qg8_bs16", "tq_decode_triton_d64_qg4_bs32"])
+def test_decode_with_v_a_tile_ahead_matches_reference(modules, monkeypatch, name):
+    """Long partitions load V a tile ahead (V_AHEAD), as K is: forced here for every launch,
+    coarsened partitions included, against the reference; the launches record the flag."""
+    mod = modules[name]
+    assert mod.V_AHEAD_MIN_GROUPS > 1
+    flags = []
+    run = mod._run
+    monkeypatch.setattr(mod, "V_AHEAD_MIN_GROUPS", 1)
+    monkeypatch.setattr(mod, "_run", lambda kernel, grid, args, variant, options: flags.append(options().get("V_AHEAD")) or run(kernel, grid, args, variant, options))
+    results = verify_tq.check_decode(mod, SPEC, "cpu")
+    monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)  # fewer, longer partitions
+    results += verify_tq.check_decode(mod, SPEC, "cpu")
+    assert not _failures(results), _failures(results)
+    assert True in flags and False not in flags, flags
+
+
 def _reusing_compiled(module, monkeypatch, *kernels):
     """`module` as on an NVIDIA GPU, launches of `kernels` (names) counted by JitStandIn."""
     assert not module._REUSE_COMPILED  # the interpreter (and AMD) always take Triton's dispatch
