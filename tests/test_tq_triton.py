@@ -489,16 +489,20 @@ def _planted(sources, tmp_path, name, old, new, count=1):
 def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
     """Swapped nibble order (in the interpreter's arm of _unpack_k_pairs; tests/test_tq_ptx_unpack.py
     plants bugs in the PTX arm), q's reduction order off the K lanes' (two bytes of a word
-    swapped), the next tile's K loaded at this tile's tokens, then the V scale read from the K
-    norm's field."""
+    swapped), the next tile's K (and, with V_AHEAD, V) loaded at this tile's tokens, then the V
+    scale read from the K norm's field."""
     name = "tq_decode_triton_d128_qg8_bs16"
     swapped = _planted(sources, tmp_path, name, "(words >> 0 * NIBBLE_BITS) & NIBBLE_MASK", "(words >> 1 * NIBBLE_BITS) & NIBBLE_MASK")
     assert _failures(verify_tq.check_decode(swapped, SPEC, "cpu", extra_cases=False))
     old_order, new_order = "+ ((pair >> 4) & 1) * 2\n        + ((pair >> 1) & 1)", "+ ((pair >> 1) & 1) * 2\n        + ((pair >> 4) & 1)"
     misordered = _planted(sources, tmp_path, name, old_order, new_order, count=2)
     assert _failures(verify_tq.check_decode(misordered, SPEC, "cpu", extra_cases=False))
-    stale = _planted(sources, tmp_path, name, "chunk_start + TILE_TOKENS,", "chunk_start + 0 * TILE_TOKENS,")
+    stale = _planted(sources, tmp_path, name, "_load_k_tile(\n            chunk_start + TILE_TOKENS,", "_load_k_tile(\n            chunk_start + 0 * TILE_TOKENS,")
     assert _failures(verify_tq.check_decode(stale, SPEC, "cpu", extra_cases=False))
+    # V a tile ahead (forced for every launch): the next tile's V loaded at this tile's tokens.
+    stale_v = _planted(sources, tmp_path, name, "_load_v_tile(\n                chunk_start + TILE_TOKENS,", "_load_v_tile(\n                chunk_start + 0 * TILE_TOKENS,")
+    stale_v.V_AHEAD_MIN_GROUPS = 1
+    assert _failures(verify_tq.check_decode(stale_v, SPEC, "cpu", extra_cases=False))
     plan = tq_decode.lower(SPEC, VARIANTS[name])
     wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")
     assert _failures(verify_tq.check_decode(wrong_field, SPEC, "cpu", extra_cases=False))
