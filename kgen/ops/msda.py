@@ -63,7 +63,7 @@ from kgen.algebra import (
 from kgen.errors import SpecError
 from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tolerances
 from kgen.spec import reader as r
-from kgen.spec.model import Dim, Spec, Variant
+from kgen.spec.model import DTYPES, Dim, Spec, Variant
 from kgen.targets import NVIDIA_TARGETS
 from kgen.tune import DIRECTIONS, FIELD_CHECKS, FIELD_DEFAULTS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
 
@@ -448,7 +448,6 @@ def locations_problem(spec: Spec, variant: Variant, launch: Launch) -> str | Non
 
 
 WORD_BITS = 64  # the words form's load unit: a query's level parameters as int64 words
-DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
 
 
 @dataclass(frozen=True)
@@ -471,7 +470,7 @@ def word_runs(spec: Spec, variant: Variant) -> tuple[WordRun, WordRun] | str:
     element strides, and every coefficient of its start divisible by the values per word."""
     consts = spec.constants(variant.values)
     K = consts["K"]
-    bits = DTYPE_BITS[spec.dtype_of("sampling_locations", variant.values)]
+    bits = 8 * DTYPES[spec.dtype_of("sampling_locations", variant.values)]
     if bits not in (16, 32):
         return f"locations=words packs 16- or 32-bit values into 64-bit words, not {bits}-bit ones"
     per_word = WORD_BITS // bits
