@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import bandwidth_fraction, cold_l2_us, do_bench_us  # noqa: E402
 
 from kgen.reference.msda import msda_forward_grid_sample  # noqa: E402
+from kgen.verify.msda import local_locations  # noqa: E402
 
 PYRAMID = [[100, 167], [50, 84], [25, 42], [13, 21], [7, 11]]  # an 800x1333 image; S = 22,223 for 4 levels
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -122,18 +123,8 @@ def inputs(shape: Shape, B: int, Q: int, dtype: torch.dtype, local: bool, seed: 
     areas = shapes[:, 0] * shapes[:, 1]
     S = int(areas.sum())
     value = torch.randn(B, S, M, D, device="cuda", generator=g).to(dtype)
-    if local:
-        if Q == S:  # encoder: query i is pixel i of the flattened pyramid
-            refs = []
-            for h, w in shape.levels:
-                ys, xs = torch.meshgrid(torch.arange(h, device="cuda"), torch.arange(w, device="cuda"), indexing="ij")
-                refs.append(torch.stack([(xs.flatten() + 0.5) / w, (ys.flatten() + 0.5) / h], -1))
-            ref = torch.cat(refs)[None].expand(B, Q, 2)
-        else:
-            ref = torch.rand(B, Q, 2, device="cuda", generator=g)
-        wh = torch.tensor([[w, h] for h, w in shape.levels], dtype=torch.float32, device="cuda")  # [L, 2]
-        offset_px = torch.rand(B, Q, M, L, K, 2, device="cuda", generator=g) * 4 - 2
-        loc = ref[:, :, None, None, None, :] + offset_px / wh[None, None, None, :, None, :]
+    if local:  # kgen tune's `local` sampling: an encoder's query i references pixel i (Q == S)
+        loc = local_locations(shape.levels, B, Q, M, K, g, "cuda")
     else:
         loc = torch.rand(B, Q, M, L, K, 2, device="cuda", generator=g) * 1.1 - 0.05
     w = torch.rand(B, Q, M, L, K, device="cuda", generator=g) + 0.05

@@ -2,13 +2,16 @@
 them and writes the winners to a checked-in tuning file, which generation reads.
 
     spec  tune: {file, candidates: {block_q, num_warps, num_stages, point_loop, corners, locations},
-          size_classes: [...]}
-    file  specs/<name>.tuning.json: {"spec", "tuned_on", "schedules": {variant: {class: {forward,
-          backward}: {block_q, num_warps, num_stages, point_loop, corners, locations, us,
-          default_us, [tuned_on]}}}}
+          size_classes: [...], [sampling: [uniform, local]]}
+    file  specs/<name>.tuning.json: {"spec", "tuned_on", ["sampling"], "schedules": {variant:
+          {class: {forward, backward}: {block_q, num_warps, num_stages, point_loop, corners,
+          locations, us, default_us, [tuned_on], [sampling]}}}}
 
 An entry timed on another machine than the file's `tuned_on` (a later `kgen tune --only` run)
-carries its own `tuned_on`, so every schedule names the GPU and versions it was chosen on.
+carries its own `tuned_on`, so every schedule names the GPU and versions it was chosen on; one
+timed under other sampling distributions than the file's carries its own `sampling` (absent:
+uniform). Generation refuses an entry tuned under other distributions than the spec's
+`tune.sampling` names: its winner answers another workload.
 
 A generated wrapper picks its size class from the call's B*Q with a host-side rule (no per-call
 tuning) and launches that class's schedule. The tuning file's sha256 goes into every generated
@@ -51,6 +54,13 @@ CORNER_FORMS = ("summed", "fused")
 # values and K weights of a query as 64-bit words, each value shifted out of its word at compile
 # time (words; 16- and 32-bit dtypes, an unrolled point loop, runs of whole aligned words).
 LOCATION_FORMS = ("separate", "paired", "words")
+# The sampling-location distributions kgen tune can time candidates under: the validation case's
+# (uniform over its `locations` range: the worst case for caches), or local (each query's points
+# within 2 pixels of its reference point, as a trained Deformable DETR samples; neighbouring
+# encoder queries then sample neighbouring pixels). With several, candidates rank by the geometric
+# mean of their times.
+SAMPLINGS = ("uniform", "local")
+DEFAULT_SAMPLING = ("uniform",)
 # Fields only one direction's kernel reads: the tuner times the other direction at the field's
 # default alone (its other values would time the same kernel again).
 ONE_DIRECTION_FIELDS = {"corners": "forward", "locations": "forward"}
@@ -98,6 +108,7 @@ class TuneConfig:
     candidates: Mapping[str, tuple[int, ...]]  # LAUNCH_FIELDS -> values
     classes: tuple[SizeClass, ...]
     exclude: tuple[Mapping[str, Any], ...]  # variants left untuned (keep the schedule defaults)
+    sampling: tuple[str, ...] = DEFAULT_SAMPLING  # SAMPLINGS the candidates are timed under
 
 
 class FileName(r.Check):
@@ -158,6 +169,7 @@ def parse_tune(section: r.Section, case_rows: list[int], axes: Mapping[str, tupl
             span = f"{low} < B*Q" + (f" <= {max_rows}" if max_rows is not None else "")
             raise item.error("case", f"validation.gpu_cases[{case}] has B*Q = {rows}, outside this class ({span}): it would time another class's calls")
         classes.append(SizeClass(name, max_rows, case, item.line))
+    sampling = _sampling_of(section, DEFAULT_SAMPLING)
     exclude = []
     for item in section.items_of("exclude"):
         rule = {}
@@ -167,7 +179,12 @@ def parse_tune(section: r.Section, case_rows: list[int], axes: Mapping[str, tupl
             rule[key] = item.get(key, r.AxisValue(tuple(axes[key])))
         exclude.append(rule)
     section.finish()
-    return TuneConfig(file, candidates, tuple(classes), tuple(exclude))
+    return TuneConfig(file, candidates, tuple(classes), tuple(exclude), sampling)
+
+
+def _ordered_sampling(values) -> tuple[str, ...]:
+    """Sampling names in SAMPLINGS' order (a set of distributions, compared and written as one)."""
+    return tuple(name for name in SAMPLINGS if name in values)
 
 
 # The section's declaration, for `kgen schema` and docs/spec-reference.md (kgen/ops/formats.py
@@ -202,6 +219,15 @@ TUNE_FIELD = r.Field(
                 ),
                 "Size classes, small to large: the generated wrapper picks one per call from B*Q (host-side sizes, no per-call tuning).",
             ),
+            "sampling": r.Field(
+                r.list_of(r.one_of(*SAMPLINGS), min_len=1),
+                "The sampling-location distributions each candidate is timed under: `uniform` (the validation case's"
+                " locations, uniform over its range: the worst case for caches) and/or `local` (each query's points within"
+                " 2 pixels of its reference point, as a trained Deformable DETR samples; where Q is the pyramid's pixel"
+                " count, query i's reference point is pixel i). With both, candidates rank by the geometric mean of their"
+                " times. A tuning file entry timed under other distributions is refused at generation.",
+                default=list(DEFAULT_SAMPLING),
+            ),
             "exclude": r.Field(
                 r.Items(r.Struct(rest=r.Field(r.AxisValue(), "An axis and one of its values."), rest_name="axis")),
                 "Variants `kgen tune` leaves out (they keep `schedule`): those matching every axis value of one entry.",
@@ -232,6 +258,7 @@ class Entry:
     us: float | None = None  # the winner's time, for review
     default_us: float | None = None  # the spec default's time at the same size
     tuned_on: Mapping[str, str] | None = None  # where it was timed (None: as the file's tuned_on)
+    sampling: tuple[str, ...] | None = None  # the distributions it was timed under (None: the file's)
 
 
 @dataclass(frozen=True)
@@ -241,6 +268,7 @@ class Tuning:
     tuned_on: Mapping[str, str]
     entries: Mapping[tuple[str, str, str], Entry]  # (variant, size class, direction) -> Entry
     variant_lines: Mapping[str, int | None]
+    sampling: tuple[str, ...]  # the file's: what entries without their own were timed under
 
     def get(self, variant: str, size_class: str, direction: str) -> Entry | None:
         return self.entries.get((variant, size_class, direction))
@@ -260,7 +288,7 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return Tuning(shown, None, {}, {}, {})
+        return Tuning(shown, None, {}, {}, {}, DEFAULT_SAMPLING)
     except (OSError, UnicodeDecodeError) as err:
         raise SpecError(shown, None, "", f"cannot read the tuning file: {err}") from None
     data = load_located(text, shown)  # JSON is YAML: duplicate keys rejected, lines kept
@@ -269,6 +297,7 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
     if name != spec_name:
         raise root.error("spec", f"expected {spec_name!r} (this file tunes another spec), got {name!r}")
     tuned_on = _tuned_on_of(root)
+    sampling = _sampling_of(root, DEFAULT_SAMPLING)
     schedules = root.section("schedules")
     classes = {c.name for c in config.classes}
     entries, variant_lines = {}, {}
@@ -282,11 +311,11 @@ def load_tuning(spec_path: str, spec_name: str, config: TuneConfig) -> Tuning:
             for direction in DIRECTIONS:
                 if not per_class.has(direction):
                     continue
-                entries[(variant, class_name, direction)] = _entry(per_class.section(direction), tuned_on)
+                entries[(variant, class_name, direction)] = _entry(per_class.section(direction), tuned_on, sampling)
             per_class.finish()
     root.finish()
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return Tuning(shown, digest, tuned_on, entries, variant_lines)
+    return Tuning(shown, digest, tuned_on, entries, variant_lines, sampling)
 
 
 def _tuned_on_of(section: r.Section) -> dict[str, str]:
@@ -295,18 +324,30 @@ def _tuned_on_of(section: r.Section) -> dict[str, str]:
     return {key: on.get(key, r.text) for key, _, _ in list(on.entries())}
 
 
-def _entry(section: r.Section, file_tuned_on: Mapping[str, str]) -> Entry:
+def _sampling_of(section: r.Section, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A `sampling` list of the spec's tune section, the tuning file or one of its entries (absent:
+    `default`), in SAMPLINGS' order."""
+    values = section.get("sampling", r.list_of(r.one_of(*SAMPLINGS), min_len=1), default=default)
+    if len(set(values)) != len(values):
+        raise section.error("sampling", f"repeated value in {list(values)}")
+    return _ordered_sampling(values)
+
+
+def _entry(section: r.Section, file_tuned_on: Mapping[str, str], file_sampling: tuple[str, ...]) -> Entry:
     values = {name: section.get(name, FIELD_CHECKS[name], default=FIELD_DEFAULTS.get(name, r.REQUIRED)) for name in LAUNCH_FIELDS}
     us = section.get("us", r.number(0.0), default=None)
     default_us = section.get("default_us", r.number(0.0), default=None)
     tuned_on = _tuned_on_of(section) if section.has("tuned_on") else dict(file_tuned_on)
+    sampling = _sampling_of(section, file_sampling)
     section.finish()
-    return Entry(Launch(**values), section.line, us, default_us, tuned_on)
+    return Entry(Launch(**values), section.line, us, default_us, tuned_on, sampling)
 
 
-def tuning_text(spec_name: str, tuned_on: Mapping[str, str], entries: Mapping[tuple[str, str, str], Entry]) -> str:
+def tuning_text(spec_name: str, tuned_on: Mapping[str, str], entries: Mapping[tuple[str, str, str], Entry],
+                sampling: tuple[str, ...] = DEFAULT_SAMPLING) -> str:
     """The tuning file's bytes: sorted keys, two-space indent, one trailing newline (stable diffs).
-    An entry timed elsewhere than `tuned_on` keeps its own."""
+    An entry timed elsewhere than `tuned_on`, or under other distributions than `sampling`, keeps
+    its own; `sampling` is written only where it is not the default (uniform)."""
     schedules: dict = {}
     for (variant, size_class, direction), entry in sorted(entries.items()):
         row: dict[str, Any] = {f: getattr(entry.launch, f) for f in LAUNCH_FIELDS}
@@ -316,8 +357,12 @@ def tuning_text(spec_name: str, tuned_on: Mapping[str, str], entries: Mapping[tu
             row["default_us"] = round(entry.default_us, 2)
         if entry.tuned_on is not None and dict(entry.tuned_on) != dict(tuned_on):
             row["tuned_on"] = dict(entry.tuned_on)
+        if entry.sampling is not None and entry.sampling != sampling:
+            row["sampling"] = list(entry.sampling)
         schedules.setdefault(variant, {}).setdefault(size_class, {})[direction] = row
     body = {"spec": spec_name, "tuned_on": dict(tuned_on), "schedules": schedules}
+    if sampling != DEFAULT_SAMPLING:
+        body["sampling"] = list(sampling)
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 
@@ -371,6 +416,7 @@ class Timed:
     launch: Launch
     us: float | None  # None: refused (a wrong result, or it failed to compile or run): see `why`
     why: str = ""
+    by_sampling: tuple[tuple[str, float], ...] = ()  # each distribution's time, where several were timed
 
 
 def parse_narrow(items: list[str] | None, config: TuneConfig) -> dict[str, tuple]:
@@ -420,14 +466,30 @@ def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, direct
         if not timed_directions:
             continue
         module = render_module(spec, variant, launch, root, directory)
-        for size_class in spec.options.tune.classes:
-            work = op.tune_workload(module, spec, variant, cases[size_class.case], device)
+        config: TuneConfig = spec.options.tune
+        for size_class in config.classes:
+            works = {s: op.tune_workload(module, spec, variant, cases[size_class.case], device, sampling=s) for s in config.sampling}
             for direction in timed_directions:
-                timed = _time_one(work, direction, launch, timer)
+                timed = _time_sampled(works, direction, launch, timer)
                 results.setdefault((size_class.name, direction), []).append(timed)
                 shown = f"{timed.us:.1f} us" if timed.us is not None else f"refused: {timed.why}"
+                if timed.by_sampling:
+                    shown += " (geometric mean of " + ", ".join(f"{s} {us:.1f}" for s, us in timed.by_sampling) + ")"
                 log(f"  {variant.name} {size_class.name} {direction} {launch}: {shown}")
     return {key: sorted(v, key=lambda t: (t.us is None, t.us or 0.0, t.launch)) for key, v in results.items()}
+
+
+def _time_sampled(works: Mapping[str, Any], direction: str, launch: Launch, timer: Timer) -> Timed:
+    """One candidate under each sampling distribution's workload: refused if any run refuses it,
+    else timed as the geometric mean (each distribution weighs the same, whatever its scale)."""
+    timed = {name: _time_one(work, direction, launch, timer) for name, work in works.items()}
+    refused = next((t for t in timed.values() if t.us is None), None)
+    if refused is not None:
+        return refused
+    if len(timed) == 1:
+        return next(iter(timed.values()))
+    mean = statistics.geometric_mean([t.us for t in timed.values()])
+    return Timed(launch, mean, by_sampling=tuple((name, t.us) for name, t in timed.items()))
 
 
 def _time_one(work, direction: str, launch: Launch, timer: Timer) -> Timed:
@@ -472,7 +534,7 @@ def winners(spec, variant, results: Mapping[tuple[str, str], list[Timed]]) -> di
             why = "; ".join(f"{t.launch}: {t.why}" for t in timed[:3])
             raise KgenError(f"{variant.name}, size class {size_class}, {direction}: every candidate was refused ({why})")
         base = next((t.us for t in ok if t.launch == default), None)
-        out[(variant.name, size_class, direction)] = Entry(ok[0].launch, None, ok[0].us, base)
+        out[(variant.name, size_class, direction)] = Entry(ok[0].launch, None, ok[0].us, base, sampling=spec.options.tune.sampling)
     return out
 
 
@@ -508,7 +570,10 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
             )
         timer = cold_l2_us
         os.environ.pop("TRITON_INTERPRET", None)
-    specs = load_all(args.specs, args.root)
+    # Unchecked: a tuning file the spec no longer matches (a candidate dropped, other sampling)
+    # is what this run replaces, so it must not stop it; each candidate is lowered, with the
+    # operator's proofs, as it is rendered.
+    specs = load_all(args.specs, args.root, check=False)
     for spec in specs:
         if getattr(spec.options, "tune", None) is None or not hasattr(OPS[spec.op], "tune_workload"):
             raise SpecError(spec.path, None, "tune", "this spec declares no tune section (candidates, size classes): nothing to tune")
@@ -525,10 +590,12 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
             print(f"kgen tune: no variant of {spec.path} left to tune (tune.exclude, --only, --missing)")
             continue
         run_on = _tuned_on(device)
-        # The file keeps the machine it names (its other entries were timed there); winners timed
-        # elsewhere carry their own.
+        # The file keeps the machine and distributions it names (its other entries were timed
+        # there); winners timed elsewhere, or under other distributions, carry their own.
         tuned_on = existing.tuned_on if existing.sha256 is not None else run_on
-        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, on {run_on['device']}", flush=True)
+        sampling = existing.sampling if existing.sha256 is not None else config.sampling
+        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, "
+              f"{' and '.join(config.sampling)} sampling, on {run_on['device']}", flush=True)
         with tempfile.TemporaryDirectory(prefix="kgen-tune-") as tmp:
             for variant in chosen:
                 directions = (args.direction,) if getattr(args, "direction", None) else DIRECTIONS
@@ -538,7 +605,7 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
                 for (_, size_class, direction), entry in best.items():
                     base = f" (spec default: {entry.default_us:.1f} us)" if entry.default_us is not None else ""
                     print(f"{variant.name} {size_class} {direction}: {entry.launch}, {entry.us:.1f} us{base}", flush=True)
-                write_atomic(path, tuning_text(spec.name, tuned_on, entries))
+                write_atomic(path, tuning_text(spec.name, tuned_on, entries, sampling))
         print(f"wrote {path.as_posix()}; regenerate and validate with: kgen build {spec.path}")
     return 0
 

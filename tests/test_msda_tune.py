@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from kgen.generate import generate
 from kgen.ops import msda
 from kgen.ops.msda import Case
 from kgen.spec import load_spec
-from kgen.tune import Launch, Timed, _time_one, main as tune_main, winners
-from kgen.verify.msda import check
+from kgen.tune import Launch, Timed, _time_one, _time_sampled, main as tune_main, winners
+from kgen.verify.msda import TuneWorkload, check, local_locations, make_inputs
 
 SPEC_TEXT = (ROOT / "specs" / "msda.yaml").read_text()
 SPEC = load_spec(ROOT / "specs" / "msda.yaml")
@@ -537,3 +538,122 @@ def test_cold_l2_timer_measures_a_kernel_on_the_gpu():
     x = torch.randn(1 << 24, device="cuda")
     us = cold_l2_us(lambda: x.mul_(1.0))
     assert 1.0 < us < 10_000.0
+
+
+# ---- tuning under a declared sampling distribution ---------------------------------------------
+
+
+def test_tune_sampling_is_read_in_a_fixed_order_and_bad_values_are_located(tmp_path):
+    assert "  sampling: [uniform]\n" in SPEC_TEXT and SPEC.options.tune.sampling == ("uniform",)
+    text = SPEC_TEXT.replace("  sampling: [uniform]\n", "  sampling: [local, uniform]\n")
+    assert load_spec(spec_copy(tmp_path, text)).options.tune.sampling == ("uniform", "local")
+    text = SPEC_TEXT.replace("  sampling: [uniform]\n", "")
+    assert load_spec(spec_copy(tmp_path, text)).options.tune.sampling == ("uniform",)  # the default
+    for bad, expected in (("[uniform, sideways]", "item 1: expected one of uniform, local, got 'sideways'"), ("[local, local]", "repeated value")):
+        text = SPEC_TEXT.replace("  sampling: [uniform]\n", f"  sampling: {bad}\n")
+        with pytest.raises(SpecError) as err:
+            load_spec(spec_copy(tmp_path, text))
+        assert err.value.field == "tune.sampling" and err.value.line == line_of(text, "sampling: " + bad)
+        assert expected in err.value.message
+
+
+def test_local_locations_stay_within_two_pixels_of_each_query_reference():
+    levels = ((6, 10), (3, 5))
+    g = torch.Generator().manual_seed(0)
+    wh = torch.tensor([[10.0, 6.0], [5.0, 3.0]])[None, None, None, :, None, :]
+    # An encoder (Q = S = 75): query i's reference point is the centre of pixel i.
+    loc = local_locations(levels, 2, 75, 3, 4, g)
+    assert loc.shape == (2, 75, 3, 2, 4, 2) and loc.dtype == torch.float32
+    centres = torch.cat([torch.stack([(torch.arange(w).repeat(h) + 0.5) / w, (torch.arange(h).repeat_interleave(w) + 0.5) / h], -1) for h, w in levels])
+    offset_px = (loc - centres[None, :, None, None, None, :]) * wh
+    assert offset_px.abs().max() <= 2.0 and offset_px.abs().max() > 1.9 and offset_px.std() > 0.9  # spread over +-2 px
+    # Object queries (Q != S): one reference per query, shared by its heads, levels and points.
+    loc = local_locations(levels, 2, 7, 3, 4, g)
+    spread = (loc.amax(dim=(2, 3, 4)) - loc.amin(dim=(2, 3, 4)))  # [B, Q, 2] in [0, 1] units
+    assert (spread <= 4.0 / torch.tensor([5.0, 3.0])).all()  # within the coarsest level's 2 px each way
+    refs = loc.mean(dim=(2, 3, 4))
+    assert refs.std() > 0.2  # reference points spread over the image
+
+
+def test_local_sampling_inputs_have_no_far_or_snapped_samples():
+    case = Case(1, 75, ((6, 10), (3, 5)), (-0.2, 1.2), None)
+    local = make_inputs(case, 2, 8, 4, torch.float32, "cpu", seed=1, sampling="local")["sampling_locations"]
+    uniform = make_inputs(case, 2, 8, 4, torch.float32, "cpu", seed=1)["sampling_locations"]
+    assert (uniform == 3.5).any() and not (local == 3.5).any()
+    assert local.min() >= -2 / 3 and local.max() <= 1 + 2 / 3  # pixel centres +- 2 px of the 3 x 5 level
+
+
+class _Sampled:
+    """A candidate's workload under one distribution: its check and a timed call (fake)."""
+
+    def __init__(self, problem=None):
+        self.problem = problem
+
+    def check(self, direction):
+        return self.problem
+
+    def call(self, direction):
+        return lambda: None
+
+
+def test_candidates_timed_under_several_distributions_rank_by_the_geometric_mean():
+    times = iter([9.0, 1.0])
+    timed = _time_sampled({"uniform": _Sampled(), "local": _Sampled()}, "forward", Launch(16, 4, 1), lambda fn: next(times))
+    assert timed == Timed(Launch(16, 4, 1), pytest.approx(3.0), by_sampling=(("uniform", 9.0), ("local", 1.0)))
+    refused = _time_sampled({"uniform": _Sampled(), "local": _Sampled(problem="max abs 0.2")}, "forward", Launch(16, 4, 1), lambda fn: 1.0)
+    assert refused.us is None and refused.why == "max abs 0.2"
+    one = _time_sampled({"local": _Sampled()}, "forward", Launch(16, 4, 1), lambda fn: 7.0)
+    assert one == Timed(Launch(16, 4, 1), 7.0)
+
+
+def test_kgen_tune_under_both_distributions_and_generation_refuses_other_sampling(tmp_path, monkeypatch, capsys):
+    """tune.sampling [uniform, local]: every candidate is checked and timed on each distribution's
+    inputs and ranks by the geometric mean (here the candidate uniform sampling alone would not
+    pick); the file records the distributions; a spec asking for other ones refuses the entries
+    at their line until they are re-tuned."""
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired, words]", "locations: [separate]")
+    assert "  sampling: [uniform]\n" in text
+    both = text.replace("  sampling: [uniform]\n", "  sampling: [uniform, local]\n")
+    path = spec_copy(tmp_path, both)
+    original = TuneWorkload.call
+
+    def tagged(self, direction):  # the timer learns which distribution's inputs it times
+        fn = original(self, direction)
+        fn.sampling = self.sampling
+        return fn
+
+    monkeypatch.setattr(TuneWorkload, "call", tagged)
+    block_q = lambda fn: next(c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, types.ModuleType)).SCHEDULES[0][2][0]  # noqa: E731
+    fake = {(16, "uniform"): 9.0, (16, "local"): 1.0, (32, "uniform"): 4.0, (32, "local"): 4.0}
+
+    def timer(fn):
+        return fake[(block_q(fn), fn.sampling)]
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(1, 18, ((3, 4), (2, 2), (1, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())
+    assert written["sampling"] == ["uniform", "local"]
+    assert {(c, d): (e["block_q"], e["us"], "sampling" in e) for c, per in written["schedules"][SMALL].items() for d, e in per.items()} == {
+        (c, d): (16, 3.0, False) for c in ("decoder", "encoder") for d in ("forward", "backward")}
+    out = capsys.readouterr().out
+    assert "uniform and local sampling" in out and "3.0 us (geometric mean of uniform 9.0, local 1.0)" in out
+    spec = load_spec(path)
+    assert all(c.forward == Launch(16, 4, 1) for c in msda.schedules(spec, variant(spec, SMALL)))
+    # The spec back to uniform alone: the entries answer another workload (refused as it loads).
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert err.value.path.endswith("msda.tuning.json") and err.value.field == f"schedules.{SMALL}.decoder.forward"
+    assert "timed under uniform and local sampling, but the spec's tune.sampling is ['uniform']: re-run kgen tune" in err.value.message
+    # kgen tune still runs (it replaces those entries). Re-tuning one direction under uniform
+    # sampling: those entries carry their own distributions.
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward")
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())
+    per_class = written["schedules"][SMALL]["decoder"]
+    assert written["sampling"] == ["uniform", "local"] and per_class["forward"]["sampling"] == ["uniform"] and "sampling" not in per_class["backward"]
+    assert per_class["forward"]["block_q"] == 32  # uniform alone: 4.0 against 9.0
+    with pytest.raises(SpecError, match="re-run kgen tune") as err:
+        load_spec(path)
+    assert err.value.field == f"schedules.{SMALL}.decoder.backward"

@@ -65,7 +65,7 @@ from kgen.ops.common import SHORT_DTYPE, TORCH_DTYPE, Fact, Tolerance, parse_tol
 from kgen.spec import reader as r
 from kgen.spec.model import DTYPES, Dim, Spec, Variant
 from kgen.targets import NVIDIA_TARGETS
-from kgen.tune import DIRECTIONS, FIELD_CHECKS, FIELD_DEFAULTS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
+from kgen.tune import DEFAULT_SAMPLING, DIRECTIONS, FIELD_CHECKS, FIELD_DEFAULTS, Launch, Tuning, TuneConfig, enumerate_candidates, load_tuning, parse_tune
 
 backends = ("triton",)
 
@@ -400,7 +400,7 @@ def tuning_of(spec: Spec) -> Tuning:
     """The tuning file's entries (read when needed, not at parse time: the spec's own sections
     are all that parsing reads); none without a tune section or a file."""
     if spec.options.tune is None:
-        return Tuning("", None, {}, {}, {})
+        return Tuning("", None, {}, {}, {}, DEFAULT_SAMPLING)
     return load_tuning(spec.path, spec.name, spec.options.tune)
 
 
@@ -500,10 +500,10 @@ def xy_stride(spec: Spec, variant: Variant) -> sympy.Expr:
     return sympy.expand(dict(zip(layout.axis_names, layout.strides))["axis5"])
 
 
-def tune_workload(module, spec: Spec, variant: Variant, case: Case, device: str):
+def tune_workload(module, spec: Spec, variant: Variant, case: Case, device: str, sampling: str = "uniform"):
     from kgen.verify.msda import TuneWorkload
 
-    return TuneWorkload(module, spec, variant, case, device)
+    return TuneWorkload(module, spec, variant, case, device, sampling)
 
 
 def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tuple[ClassSchedule, ...]:
@@ -536,10 +536,16 @@ def schedules(spec: Spec, variant: Variant, launch: Launch | None = None) -> tup
             if launch is not None or entry is None:
                 chosen[direction] = launch or default
                 continue
+            field = f"schedules.{variant.name}.{c.name}.{direction}"
             if entry.launch not in allowed:
                 why = candidate_problem(spec, variant, entry.launch) or "not among tune.candidates (or the spec's schedule)"
-                field = f"schedules.{variant.name}.{c.name}.{direction}"
                 raise SpecError(tuning.path, entry.line, field, f"{entry.launch}: {why}; re-run kgen tune, or delete the entry to use the spec's schedule")
+            if entry.sampling != opts.tune.sampling:
+                raise SpecError(
+                    tuning.path, entry.line, field,
+                    f"timed under {' and '.join(entry.sampling)} sampling, but the spec's tune.sampling is {list(opts.tune.sampling)}: "
+                    "re-run kgen tune for this variant (or set tune.sampling back)",
+                )
             chosen[direction] = entry.launch
             tuned[direction] = (entry.tuned_on or tuning.tuned_on).get("device", "a GPU")
         if len(set(tuned.values())) > 1:

@@ -12,13 +12,35 @@ import torch
 from kgen.reference.msda import derive_level_start_index, msda_backward_reference, msda_forward_grid_sample
 
 
+def local_locations(levels, batch: int, queries: int, heads: int, points: int, generator, device="cpu") -> torch.Tensor:
+    """fp32 sampling locations [batch, queries, heads, L, points, 2] as a trained Deformable DETR
+    draws them: each query's points within 2 pixels (of each level) of one reference point per
+    query. Where the queries are the pyramid's pixels (queries == sum of h * w: an encoder), query
+    i's reference point is the centre of pixel i, so neighbouring queries sample neighbouring
+    pixels; otherwise (a decoder's object queries) reference points are uniform in [0, 1)."""
+    if queries == sum(h * w for h, w in levels):
+        refs = []
+        for h, w in levels:
+            ys, xs = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+            refs.append(torch.stack([(xs.flatten() + 0.5) / w, (ys.flatten() + 0.5) / h], -1))
+        ref = torch.cat(refs)[None].expand(batch, queries, 2)
+    else:
+        ref = torch.rand(batch, queries, 2, device=device, generator=generator)
+    wh = torch.tensor([[w, h] for h, w in levels], dtype=torch.float32, device=device)  # [L, 2]
+    offset_px = torch.rand(batch, queries, heads, len(levels), points, 2, device=device, generator=generator) * 4 - 2
+    return ref[:, :, None, None, None, :] + offset_px / wh[None, None, None, :, None, :]
+
+
 def make_inputs(
-    case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int, snap: bool = True
+    case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int, snap: bool = True,
+    sampling: str = "uniform",
 ) -> dict[str, Any]:
     """Random, never-zero inputs for one validation case; some locations snapped to exact pixel
     edges and centres, some far outside, so the corner and padding rules are all exercised.
     snap=False leaves out the exact pixel centres, where the location gradient has a kink (for
-    gradient checks: a location rounded to the input dtype may fall on either side of it)."""
+    gradient checks: a location rounded to the input dtype may fall on either side of it).
+    sampling="local" (kgen tune) draws locations by local_locations instead: no snapped or far
+    samples, the workload of a trained model rather than the corner cases."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     shapes = torch.tensor(case.spatial_shapes, dtype=torch.int64)
     levels = shapes.shape[0]
@@ -26,8 +48,11 @@ def make_inputs(
     B, Q = case.batch, case.queries
     value = torch.randn(B, pixels, heads, head_dim, generator=g)
     lo, hi = case.locations
-    loc = lo + (hi - lo) * torch.rand(B, Q, heads, levels, points, 2, generator=g)
-    if loc.numel():
+    if sampling == "local":
+        loc = local_locations(case.spatial_shapes, B, Q, heads, points, g)
+    else:
+        loc = lo + (hi - lo) * torch.rand(B, Q, heads, levels, points, 2, generator=g)
+    if loc.numel() and sampling != "local":
         # Exact grid points (i / size) and far-away samples on a fixed fraction of the points.
         size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)[:, None, :]  # (L, 1, 2): (W, H) per level, any K
         snap = torch.rand(loc.shape, generator=g) < (0.15 if snap else 0.0)
@@ -74,8 +99,9 @@ def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
     return results
 
 
-def _forward_result(module, case, dtype, device, tol, seed: int, prefix: str = "", explicit_start: bool = True) -> dict[str, Any]:
-    inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed=seed)
+def _forward_result(module, case, dtype, device, tol, seed: int, prefix: str = "", explicit_start: bool = True,
+                    sampling: str = "uniform") -> dict[str, Any]:
+    inputs = make_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed=seed, sampling=sampling)
     start = derive_level_start_index(inputs["spatial_shapes"]) if explicit_start else None
     out = module.msda_forward(
         inputs["value"], inputs["spatial_shapes"], start, inputs["sampling_locations"], inputs["attention_weights"]
@@ -114,16 +140,16 @@ def _forced(module, row):
         module.SCHEDULES = saved
 
 
-def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: int) -> list[dict[str, Any]]:
+def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: int, sampling: str = "uniform") -> list[dict[str, Any]]:
     """The backward through autograd (the module's custom op) against float64 autograd through
     the reference: one result per gradient (value, sampling_locations, attention_weights)."""
-    inputs, grad_out = _gradient_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed)
+    inputs, grad_out = _gradient_inputs(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed, sampling)
     value, loc, attn = (inputs[n].detach().clone().requires_grad_(True) for n in ("value", "sampling_locations", "attention_weights"))
     out = module.msda_forward(value, inputs["spatial_shapes"], None, loc, attn)
     grads = torch.autograd.grad(out, (value, loc, attn), grad_out, allow_unused=True)
     if device == "cuda":
         torch.cuda.synchronize()
-    refs, kinks = _reference_gradients(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed)
+    refs, kinks = _reference_gradients(case, module.HEADS, module.HEAD_DIM, module.POINTS, dtype, device, seed, sampling)
     results = []
     for name, grad, ref in zip(("grad_value", "grad_locations", "grad_weights"), grads, refs):
         if grad is None:
@@ -141,9 +167,9 @@ def check_gradients(module, case, dtype: torch.dtype, device: str, tol, seed: in
     return results
 
 
-def _gradient_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int):
+def _gradient_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int, sampling: str = "uniform"):
     """(inputs, grad_output) of one gradient check: the same tensors for the same arguments."""
-    inputs = make_inputs(case, heads, head_dim, points, dtype, device, seed, snap=False)
+    inputs = make_inputs(case, heads, head_dim, points, dtype, device, seed, snap=False, sampling=sampling)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     grad_out = torch.randn(case.batch, case.queries, heads * head_dim, generator=g).to(device=device, dtype=dtype)
     return inputs, grad_out
@@ -153,14 +179,14 @@ def _gradient_inputs(case, heads: int, head_dim: int, points: int, dtype: torch.
 # (an autograd pass through grid_sample, at encoder size too) is computed once per size and
 # dtype, not once per candidate.
 @functools.lru_cache(maxsize=4)
-def _reference_gradients(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int):
+def _reference_gradients(case, heads: int, head_dim: int, points: int, dtype: torch.dtype, device: str, seed: int, sampling: str = "uniform"):
     """(float64 reference gradients, locations to leave out of the comparison) of one check.
 
     The location gradient jumps where a pixel coordinate crosses an integer (the bilinear kink).
     The kernel forms x = loc * W - 0.5 in fp32, the reference in float64, so a sample within a
     few fp32 ulps of a kink can fall on the other side; those samples are left out of the
     location comparison (and counted), everything else is compared."""
-    inputs, grad_out = _gradient_inputs(case, heads, head_dim, points, dtype, device, seed)
+    inputs, grad_out = _gradient_inputs(case, heads, head_dim, points, dtype, device, seed, sampling)
     loc = inputs["sampling_locations"]
     refs = msda_backward_reference(inputs["value"], inputs["spatial_shapes"], None, loc, inputs["attention_weights"], grad_out)
     return refs, _near_kink(loc.double(), inputs["spatial_shapes"])
@@ -203,13 +229,13 @@ class TuneWorkload:
     reference (forward: the output; backward: all three gradients), then hand out the call to
     time. Inputs are made once per size, as in `check`."""
 
-    def __init__(self, module, spec, variant, case, device: str):
-        self.module, self.device = module, device
+    def __init__(self, module, spec, variant, case, device: str, sampling: str = "uniform"):
+        self.module, self.device, self.sampling = module, device, sampling
         self.case = case.first_levels(module.LEVELS)
         self.dtype = getattr(torch, variant.values["dtype"])
         self.tol = spec.options.tolerances[variant.values["dtype"]]
         self.grad_tol = spec.options.grad_tolerances[variant.values["dtype"]]
-        x = make_inputs(self.case, module.HEADS, module.HEAD_DIM, module.POINTS, self.dtype, device, seed=3000, snap=False)
+        x = make_inputs(self.case, module.HEADS, module.HEAD_DIM, module.POINTS, self.dtype, device, seed=3000, snap=False, sampling=sampling)
         self.args = (x["value"], x["spatial_shapes"], derive_level_start_index(x["spatial_shapes"]), x["sampling_locations"], x["attention_weights"])
         g = torch.Generator(device="cpu").manual_seed(3001)
         shape = (self.case.batch, self.case.queries, module.HEADS * module.HEAD_DIM)
@@ -218,9 +244,9 @@ class TuneWorkload:
     def check(self, direction: str) -> str | None:
         """None when this direction matches the reference, else what went wrong."""
         if direction == "forward":
-            results = [_forward_result(self.module, self.case, self.dtype, self.device, self.tol, seed=3000)]
+            results = [_forward_result(self.module, self.case, self.dtype, self.device, self.tol, seed=3000, sampling=self.sampling)]
         else:
-            results = check_gradients(self.module, self.case, self.dtype, self.device, self.grad_tol, seed=3000)
+            results = check_gradients(self.module, self.case, self.dtype, self.device, self.grad_tol, seed=3000, sampling=self.sampling)
         bad = [r for r in results if not r["ok"]]
         return "; ".join(f"{r['case']}: max abs {r.get('max_abs', float('nan')):.3g} {r.get('detail', '')}".strip() for r in bad) or None
 
