@@ -16,14 +16,16 @@ and the bytes each program keeps in flight. The floor kernels here keep exactly 
 rest. They run the decode's grid (a program per sequence, kv head and partition, partitions as
 `decode_partitions` picks them for this batch on this GPU), walk each partition in the decode's
 tiles (TILE_TOKENS tokens, a 32-token chunk per warp of the decode), and load, for every token
-before min(seq_len, the table's tokens), exactly what the decode loads for its kv head, with the
-decode's index arithmetic, masks and per-lane widths:
+before min(seq_len, the table's tokens), exactly what the decode loads for its kv head: they call
+the decode module's own load helpers (`_load_k_tile`, `_load_v_tile`, passed to the floor kernel
+as compile-time functions), so the index arithmetic, masks and per-lane widths are the decode's
+by construction:
 
 - the block-table entries, as often as the decode loads them (per token for the metadata, per
   16-token run for K and for V: repeats hit L1);
 - the K record, D/2 bytes, as 4 lanes of K_VEC contiguous bytes (16-byte vector loads at d128);
 - the V record, D/2 bytes, as 8 lanes of V_WORDS separate 4-byte loads;
-- the K norm, V scale and V zero, one fp16 each (read as int16: same bytes, same width).
+- the K norm, V scale and V zero, one fp16 each (their bits added as int16).
 
 That is 134 bytes a token and kv head at d128 (D + 6), the bytes issue 4 counts. Tokens past
 seq_len, and table entries past the sequence, are never read. Each loaded 32-bit register (and
@@ -113,6 +115,8 @@ class Geometry:
     k_vec: int  # contiguous bytes of a K record per lane
     k_words: int  # ... as int32 words
     v_words: int  # int32 words of a V record per lane (8 lanes a token)
+    load_k: object  # the decode's _load_k_tile (a Triton JIT function)
+    load_v: object  # the decode's _load_v_tile
 
     @property
     def token_bytes(self) -> int:
@@ -136,7 +140,15 @@ def geometry(decode, tile: int | None = None) -> Geometry:
     if tile % CHUNK or tile & (tile - 1):
         raise ValueError(f"tile: expected a power of two multiple of {CHUNK} tokens, got {tile}")
     geo = Geometry(
-        decode.HEAD_DIM, decode.BS, decode.GROUP, tile, decode.K_VEC, decode.K_WORDS, decode.V_WORDS
+        decode.HEAD_DIM,
+        decode.BS,
+        decode.GROUP,
+        tile,
+        decode.K_VEC,
+        decode.K_WORDS,
+        decode.V_WORDS,
+        decode._load_k_tile,
+        decode._load_v_tile,
     )
     assert decode.cache_block_bytes(1) == geo.block_size * geo.token_bytes, name
     assert 4 * geo.k_vec == 8 * 4 * geo.v_words == geo.head_dim // 2, name
@@ -146,90 +158,50 @@ def geometry(decode, tile: int | None = None) -> Geometry:
 
 @triton.jit
 def _k_tile(
+    LOAD_K: tl.constexpr,
     chunk_start,
     end,
     table_row,
     cache_ptr,
     kv_head,
     NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BS: tl.constexpr,
     CHUNKS: tl.constexpr,
     CHUNK: tl.constexpr,
     K_VEC: tl.constexpr,
     K_WORDS: tl.constexpr,
 ):
-    """The loads of the decode's _load_k_tile for the tile whose chunks start at chunk_start
-    [CHUNKS, 1]: (K words [QUAD, TL, CHUNKS, KB, KT, K_WORDS], K norm, V scale, V zero
-    [CHUNKS, CHUNK] as int16), tokens from `end` on masked (their table entries unread)."""
-    block_bytes: tl.constexpr = NUM_KV_HEADS * BS * (HEAD_DIM + 6)
-    # Metadata: a table entry per token, then the three fp16 fields of its slot and kv head.
-    token = chunk_start + tl.arange(0, CHUNK)[None, :]
-    live = token < end
-    block = tl.load(table_row + (token // BS), mask=live, other=0)
-    slot = token % BS
-    token_base = cache_ptr + block.to(tl.int64) * block_bytes
-    meta = NUM_KV_HEADS * BS * HEAD_DIM + kv_head * (6 * BS) + slot * 2
-    k_norm = tl.load((token_base + meta).to(tl.pointer_type(tl.int16)), mask=live, other=0)
-    v_scale = tl.load(
-        (token_base + (meta + 2 * BS)).to(tl.pointer_type(tl.int16)), mask=live, other=0
+    """The decode's K and metadata loads (its _load_k_tile) for the tile whose chunks start at
+    chunk_start [CHUNKS, 1]: K words [CHUNKS, CHUNK, 4 * K_WORDS] and the three fp16 fields
+    [CHUNKS, CHUNK] as their int16 bits, widened."""
+    k_words, k_norm, v_scale, v_zero = LOAD_K(
+        chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS
     )
-    v_zero = tl.load(
-        (token_base + (meta + 4 * BS)).to(tl.pointer_type(tl.int16)), mask=live, other=0
+    meta = (
+        k_norm.to(tl.int16, bitcast=True).to(tl.int32)
+        + v_scale.to(tl.int16, bitcast=True).to(tl.int32)
+        + v_zero.to(tl.int16, bitcast=True).to(tl.int32)
     )
-    # K: token KB * 16 + KT * 8 + TL of each chunk, its record over 4 lanes (QUAD) of K_VEC bytes;
-    # a table entry per 16-token run.
-    kq = tl.arange(0, 4)[:, None, None, None, None, None]
-    ktl = tl.arange(0, 8)[None, :, None, None, None, None]
-    kb = tl.arange(0, 2)[None, None, None, :, None, None]
-    kt = tl.arange(0, 2)[None, None, None, None, :, None]
-    k_run = chunk_start[None, None, :, :, None, None] + kb * 16 + 0 * (kq + ktl)
-    k_block = tl.load(table_row + (k_run // BS), mask=k_run < end, other=0)
-    k_slot = k_run % BS + kt * 8 + ktl
-    k_ptr = (
-        cache_ptr
-        + k_block.to(tl.int64) * block_bytes
-        + (NUM_KV_HEADS * k_slot * HEAD_DIM + kv_head * HEAD_DIM)
-        + kq * K_VEC
-    ).to(tl.pointer_type(tl.int32))
-    k_words = tl.load(k_ptr + tl.arange(0, K_WORDS), mask=k_run + kt * 8 + ktl < end, other=0)
-    return k_words, k_norm, v_scale, v_zero
+    return k_words, meta
 
 
 @triton.jit
 def _v_tile(
+    LOAD_V: tl.constexpr,
     chunk_start,
     end,
     table_row,
     cache_ptr,
     kv_head,
     NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BS: tl.constexpr,
     V_WORDS: tl.constexpr,
 ):
-    """The decode's V loads for the tile whose chunks start at chunk_start [CHUNKS, 1]: its first
-    and second words per lane [TL, JG, CHUNKS, VT, VB] (zeros for the second where V_WORDS is 1);
-    token VB * 16 + TL * 4 + VT of each chunk, its record over 8 lanes (JG)."""
-    block_bytes: tl.constexpr = NUM_KV_HEADS * BS * (HEAD_DIM + 6)
-    vtl = tl.arange(0, 4)[:, None, None, None, None]
-    vjg = tl.arange(0, 8)[None, :, None, None, None]
-    vt = tl.arange(0, 4)[None, None, None, :, None]
-    vb = tl.arange(0, 2)[None, None, None, None, :]
-    v_run = chunk_start[None, None, :, :, None] + vb * 16 + 0 * (vtl + vjg)
-    v_block = tl.load(table_row + (v_run // BS), mask=v_run < end, other=0)
-    v_slot = v_run % BS + vtl * 4 + vt
-    v_ptr = (
-        cache_ptr
-        + v_block.to(tl.int64) * block_bytes
-        + (NUM_KV_HEADS * v_slot * HEAD_DIM + kv_head * HEAD_DIM + HEAD_DIM // 2)
-        + vjg * (4 * V_WORDS)
-    ).to(tl.pointer_type(tl.int32))
-    v_live = v_run + vtl * 4 + vt < end
-    v_words0 = tl.load(v_ptr + 0, mask=v_live, other=0)
+    """The decode's V loads (its _load_v_tile) for the tile whose chunks start at chunk_start:
+    its first and second words per lane [TL, JG, CHUNKS, VT, VB] (zeros for the second where
+    V_WORDS is 1, where the decode's helper returns one tensor)."""
     if V_WORDS == 2:
-        v_words1 = tl.load(v_ptr + 1, mask=v_live, other=0)
+        v_words0, v_words1 = LOAD_V(chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, V_WORDS)
     else:
+        v_words0 = LOAD_V(chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, V_WORDS)
         v_words1 = tl.zeros_like(v_words0)
     return v_words0, v_words1
 
@@ -243,7 +215,6 @@ def tq_stream_floor_kernel(
     max_blocks,
     tile_groups,
     NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
     BS: tl.constexpr,
     GROUP: tl.constexpr,
     CHUNKS: tl.constexpr,
@@ -251,6 +222,8 @@ def tq_stream_floor_kernel(
     K_VEC: tl.constexpr,
     K_WORDS: tl.constexpr,
     V_WORDS: tl.constexpr,
+    LOAD_K: tl.constexpr,
+    LOAD_V: tl.constexpr,
     FORM: tl.constexpr,
     STAGES: tl.constexpr,
 ):
@@ -266,78 +239,78 @@ def tq_stream_floor_kernel(
     num_tiles = tl.cdiv(tl.maximum(end - start, 0), TILE)
     table_row = table_ptr + max_blocks * seq
 
-    acc_k = tl.zeros((4, 8, CHUNKS, 2, 2, K_WORDS), dtype=tl.int32)
+    acc_k = tl.zeros((CHUNKS, CHUNK, 4 * K_WORDS), dtype=tl.int32)
     acc_v = tl.zeros((4, 8, CHUNKS, 4, 2), dtype=tl.int32)
     acc_m = tl.zeros((CHUNKS, CHUNK), dtype=tl.int32)
     if FORM == 0:  # plain
         for tile in range(0, num_tiles):
             chunk_start = start + tile * TILE + chunk * CHUNK
-            k_words, k_norm, v_scale, v_zero = _k_tile(
-                chunk_start, end, table_row, cache_ptr, kv_head,
-                NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+            k_words, meta = _k_tile(
+                LOAD_K, chunk_start, end, table_row, cache_ptr, kv_head,
+                NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
             )  # fmt: skip
             v_words0, v_words1 = _v_tile(
-                chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, HEAD_DIM, BS, V_WORDS
+                LOAD_V, chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, V_WORDS
             )
             acc_k += k_words
             acc_v += v_words0 + v_words1
-            acc_m += k_norm.to(tl.int32) + v_scale.to(tl.int32) + v_zero.to(tl.int32)
+            acc_m += meta
     elif FORM == 1:  # ahead1: the decode's prefetch
-        next_k_words, next_k_norm, next_v_scale, next_v_zero = _k_tile(
-            start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
-            NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+        next_k_words, next_meta = _k_tile(
+            LOAD_K, start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
+            NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
         )  # fmt: skip
         for tile in range(0, num_tiles):
             chunk_start = start + tile * TILE + chunk * CHUNK
-            k_words, k_norm, v_scale, v_zero = next_k_words, next_k_norm, next_v_scale, next_v_zero
+            k_words, meta = next_k_words, next_meta
             v_words0, v_words1 = _v_tile(
-                chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, HEAD_DIM, BS, V_WORDS
+                LOAD_V, chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, V_WORDS
             )
-            next_k_words, next_k_norm, next_v_scale, next_v_zero = _k_tile(
-                chunk_start + TILE, end, table_row, cache_ptr, kv_head,
-                NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+            next_k_words, next_meta = _k_tile(
+                LOAD_K, chunk_start + TILE, end, table_row, cache_ptr, kv_head,
+                NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
             )  # fmt: skip
             acc_k += k_words
             acc_v += v_words0 + v_words1
-            acc_m += k_norm.to(tl.int32) + v_scale.to(tl.int32) + v_zero.to(tl.int32)
+            acc_m += meta
     elif FORM == 2:  # ahead1_kv: V a tile ahead too
-        next_k_words, next_k_norm, next_v_scale, next_v_zero = _k_tile(
-            start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
-            NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+        next_k_words, next_meta = _k_tile(
+            LOAD_K, start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
+            NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
         )  # fmt: skip
         next_v_words0, next_v_words1 = _v_tile(
-            start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
-            NUM_KV_HEADS, HEAD_DIM, BS, V_WORDS,
+            LOAD_V, start + chunk * CHUNK, end, table_row, cache_ptr, kv_head,
+            NUM_KV_HEADS, V_WORDS,
         )  # fmt: skip
         for tile in range(0, num_tiles):
             chunk_start = start + tile * TILE + chunk * CHUNK
-            k_words, k_norm, v_scale, v_zero = next_k_words, next_k_norm, next_v_scale, next_v_zero
+            k_words, meta = next_k_words, next_meta
             v_words0, v_words1 = next_v_words0, next_v_words1
-            next_k_words, next_k_norm, next_v_scale, next_v_zero = _k_tile(
-                chunk_start + TILE, end, table_row, cache_ptr, kv_head,
-                NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+            next_k_words, next_meta = _k_tile(
+                LOAD_K, chunk_start + TILE, end, table_row, cache_ptr, kv_head,
+                NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
             )  # fmt: skip
             next_v_words0, next_v_words1 = _v_tile(
-                chunk_start + TILE, end, table_row, cache_ptr, kv_head,
-                NUM_KV_HEADS, HEAD_DIM, BS, V_WORDS,
+                LOAD_V, chunk_start + TILE, end, table_row, cache_ptr, kv_head,
+                NUM_KV_HEADS, V_WORDS,
             )  # fmt: skip
             acc_k += k_words
             acc_v += v_words0 + v_words1
-            acc_m += k_norm.to(tl.int32) + v_scale.to(tl.int32) + v_zero.to(tl.int32)
+            acc_m += meta
     else:  # staged: plain's body, software-pipelined by Triton
         for tile in tl.range(0, num_tiles, num_stages=STAGES):
             chunk_start = start + tile * TILE + chunk * CHUNK
-            k_words, k_norm, v_scale, v_zero = _k_tile(
-                chunk_start, end, table_row, cache_ptr, kv_head,
-                NUM_KV_HEADS, HEAD_DIM, BS, CHUNKS, CHUNK, K_VEC, K_WORDS,
+            k_words, meta = _k_tile(
+                LOAD_K, chunk_start, end, table_row, cache_ptr, kv_head,
+                NUM_KV_HEADS, CHUNKS, CHUNK, K_VEC, K_WORDS,
             )  # fmt: skip
             v_words0, v_words1 = _v_tile(
-                chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, HEAD_DIM, BS, V_WORDS
+                LOAD_V, chunk_start, end, table_row, cache_ptr, kv_head, NUM_KV_HEADS, V_WORDS
             )
             acc_k += k_words
             acc_v += v_words0 + v_words1
-            acc_m += k_norm.to(tl.int32) + v_scale.to(tl.int32) + v_zero.to(tl.int32)
-    total = tl.sum(tl.reshape(acc_k, (4 * 8 * CHUNKS * 4 * K_WORDS,)), axis=0)
+            acc_m += meta
+    total = tl.sum(tl.reshape(acc_k, (CHUNKS * CHUNK * 4 * K_WORDS,)), axis=0)
     total += tl.sum(tl.reshape(acc_v, (4 * 8 * CHUNKS * 8,)), axis=0)
     total += tl.sum(tl.reshape(acc_m, (CHUNKS * CHUNK,)), axis=0)
     tl.store(out_ptr + (seq * NUM_KV_HEADS + kv_head) * tl.num_programs(2) + part, total)
@@ -368,7 +341,6 @@ def floor_args(
     num_seqs, _, num_partitions = out.shape
     options = dict(
         NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=geo.head_dim,
         BS=geo.block_size,
         GROUP=geo.group,
         CHUNKS=geo.chunks,
@@ -376,6 +348,8 @@ def floor_args(
         K_VEC=geo.k_vec,
         K_WORDS=geo.k_words,
         V_WORDS=geo.v_words,
+        LOAD_K=geo.load_k,
+        LOAD_V=geo.load_v,
         FORM=FORMS[form],
         STAGES=stages,
         num_stages=stages if form == "staged" else 1,  # the other forms stay as written
