@@ -50,16 +50,18 @@ def make_inputs(
     lo, hi = case.locations
     if sampling == "local":
         loc = local_locations(case.spatial_shapes, B, Q, heads, points, g)
-    else:
+    elif sampling == "uniform":
         loc = lo + (hi - lo) * torch.rand(B, Q, heads, levels, points, 2, generator=g)
-    if loc.numel() and sampling != "local":
-        # Exact grid points (i / size) and far-away samples on a fixed fraction of the points.
-        size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)[:, None, :]  # (L, 1, 2): (W, H) per level, any K
-        snap = torch.rand(loc.shape, generator=g) < (0.15 if snap else 0.0)
-        grid = torch.floor(loc * size * 2) / (size * 2)  # pixel edges and centres
-        loc = torch.where(snap, grid, loc)
-        far = torch.rand(loc.shape, generator=g) < 0.02
-        loc = torch.where(far, torch.full_like(loc, 3.5), loc)
+        if loc.numel():
+            # Exact grid points (i / size) and far-away samples on a fixed fraction of the points.
+            size = torch.stack([shapes[:, 1], shapes[:, 0]], -1).to(loc)[:, None, :]  # (L, 1, 2): (W, H) per level, any K
+            snap = torch.rand(loc.shape, generator=g) < (0.15 if snap else 0.0)
+            grid = torch.floor(loc * size * 2) / (size * 2)  # pixel edges and centres
+            loc = torch.where(snap, grid, loc)
+            far = torch.rand(loc.shape, generator=g) < 0.02
+            loc = torch.where(far, torch.full_like(loc, 3.5), loc)
+    else:
+        raise ValueError(f"sampling: expected 'uniform' or 'local', got {sampling!r}")
     weights = torch.rand(B, Q, heads, levels, points, generator=g) + 0.05
     weights = weights / weights.sum(dim=(-1, -2), keepdim=True)
     to = dict(device=device, dtype=dtype)
