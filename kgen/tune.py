@@ -552,7 +552,8 @@ def tuned_variants(spec, only: list[str] | None) -> list:
 def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> int:
     """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward] [--narrow FIELD=V1,V2]...`. Exit 2
     without a CUDA GPU, or for a spec without a tune section. The tuning file is rewritten after
-    each variant, so an interrupted run keeps what it measured (resume with --missing) and a long
+    each variant, so an interrupted run keeps what it measured (resume with --missing: variants
+    without entries, or with entries timed under other sampling than the spec's) and a long
     run can be split with --only; --direction retimes one kernel and keeps the other's entries;
     --narrow times a subset of the candidates (a new field's values at the known winners' others).
     (timer, device and sizes: for tests, which run the whole path on CPU under the interpreter.)"""
@@ -585,7 +586,11 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
         entries = dict(existing.entries)
         chosen = tuned_variants(spec, args.only)
         if getattr(args, "missing", False):
-            chosen = [v for v in chosen if not any(key[0] == v.name for key in entries)]
+            # Resume: variants with no entry, or with one timed under other distributions than
+            # the spec's (an interrupted run after tune.sampling changed).
+            stale = {key[0] for key, entry in entries.items() if entry.sampling != config.sampling}
+            done = {key[0] for key in entries} - stale
+            chosen = [v for v in chosen if v.name not in done]
         if not chosen:
             print(f"kgen tune: no variant of {spec.path} left to tune (tune.exclude, --only, --missing)")
             continue

@@ -657,3 +657,10 @@ def test_kgen_tune_under_both_distributions_and_generation_refuses_other_samplin
     with pytest.raises(SpecError, match="re-run kgen tune") as err:
         load_spec(path)
     assert err.value.field == f"schedules.{SMALL}.decoder.backward"
+    # --missing resumes such a change: a variant with any entry timed under other sampling is
+    # tuned again, then nothing is left.
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], missing=True)
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    assert json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]["decoder"]["backward"]["sampling"] == ["uniform"]
+    load_spec(path)  # every entry answers the spec's workload again
+    assert tune_main(args, timer=lambda fn: pytest.fail("timed again"), device="cpu", sizes=sizes) == 0
