@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import types
 from pathlib import Path
 
 import pytest
@@ -617,17 +616,16 @@ def test_kgen_tune_under_both_distributions_and_generation_refuses_other_samplin
     path = spec_copy(tmp_path, both)
     original = TuneWorkload.call
 
-    def tagged(self, direction):  # the timer learns which distribution's inputs it times
+    def tagged(self, direction):  # the timer learns which candidate and distribution it times
         fn = original(self, direction)
-        fn.sampling = self.sampling
+        fn.sampling, fn.block_q = self.sampling, self.module.SCHEDULES[0][2][0]  # the forced schedule's
         return fn
 
     monkeypatch.setattr(TuneWorkload, "call", tagged)
-    block_q = lambda fn: next(c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, types.ModuleType)).SCHEDULES[0][2][0]  # noqa: E731
     fake = {(16, "uniform"): 9.0, (16, "local"): 1.0, (32, "uniform"): 4.0, (32, "local"): 4.0}
 
     def timer(fn):
-        return fake[(block_q(fn), fn.sampling)]
+        return fake[(fn.block_q, fn.sampling)]
 
     sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(1, 18, ((3, 4), (2, 2), (1, 2)), (-0.2, 1.2), None))
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
