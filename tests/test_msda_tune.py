@@ -582,26 +582,13 @@ def test_local_sampling_inputs_have_no_far_or_snapped_samples():
     assert local.min() >= -2 / 3 and local.max() <= 1 + 2 / 3  # pixel centres +- 2 px of the 3 x 5 level
 
 
-class _Sampled:
-    """A candidate's workload under one distribution: its check and a timed call (fake)."""
-
-    def __init__(self, problem=None):
-        self.problem = problem
-
-    def check(self, direction):
-        return self.problem
-
-    def call(self, direction):
-        return lambda: None
-
-
 def test_candidates_timed_under_several_distributions_rank_by_the_geometric_mean():
     times = iter([9.0, 1.0])
-    timed = _time_sampled({"uniform": _Sampled(), "local": _Sampled()}, "forward", Launch(16, 4, 1), lambda fn: next(times))
+    timed = _time_sampled({"uniform": _Work(), "local": _Work()}, "forward", Launch(16, 4, 1), lambda fn: next(times))
     assert timed == Timed(Launch(16, 4, 1), pytest.approx(3.0), by_sampling=(("uniform", 9.0), ("local", 1.0)))
-    refused = _time_sampled({"uniform": _Sampled(), "local": _Sampled(problem="max abs 0.2")}, "forward", Launch(16, 4, 1), lambda fn: 1.0)
+    refused = _time_sampled({"uniform": _Work(), "local": _Work(problem="max abs 0.2")}, "forward", Launch(16, 4, 1), lambda fn: 1.0)
     assert refused.us is None and refused.why == "max abs 0.2"
-    one = _time_sampled({"local": _Sampled()}, "forward", Launch(16, 4, 1), lambda fn: 7.0)
+    one = _time_sampled({"local": _Work()}, "forward", Launch(16, 4, 1), lambda fn: 7.0)
     assert one == Timed(Launch(16, 4, 1), 7.0)
 
 
