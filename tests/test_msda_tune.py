@@ -633,8 +633,10 @@ def test_kgen_tune_under_both_distributions_and_generation_refuses_other_samplin
     assert "timed under uniform and local sampling, but the spec's tune.sampling is ['uniform']: re-run kgen tune" in err.value.message
     # kgen tune still runs (it replaces those entries). Re-tuning one direction under uniform
     # sampling: those entries carry their own distributions.
+    capsys.readouterr()
     args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward")
     assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    assert "timed under uniform and local sampling" in capsys.readouterr().out  # named, not fatal
     written = json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())
     per_class = written["schedules"][SMALL]["decoder"]
     assert written["sampling"] == ["uniform", "local"] and per_class["forward"]["sampling"] == ["uniform"] and "sampling" not in per_class["backward"]
@@ -649,3 +651,15 @@ def test_kgen_tune_under_both_distributions_and_generation_refuses_other_samplin
     assert json.loads((tmp_path / "specs" / "msda.tuning.json").read_text())["schedules"][SMALL]["decoder"]["backward"]["sampling"] == ["uniform"]
     load_spec(path)  # every entry answers the spec's workload again
     assert tune_main(args, timer=lambda fn: pytest.fail("timed again"), device="cpu", sizes=sizes) == 0
+
+
+def test_kgen_tune_stops_on_an_error_in_the_spec_itself(tmp_path):
+    """Only errors located in the tuning file let kgen tune load without the operators' checks;
+    one in the spec (here a shape whose default tile does not fit) stops it as it stops
+    generation, before anything is timed."""
+    text = narrow().replace("    - {M: 1, D: 24, L: 3, K: 4}\n", "    - {M: 1, D: 24, L: 3, K: 4}\n    - {M: 8, D: 256, L: 4, K: 4}\n")
+    path = spec_copy(tmp_path, text)
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL])
+    with pytest.raises(SpecError) as err:
+        tune_main(args, timer=lambda fn: pytest.fail("timed"), device="cpu")
+    assert err.value.path.endswith("msda.yaml") and "values per thread" in err.value.message
