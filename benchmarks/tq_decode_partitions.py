@@ -1,10 +1,12 @@
 """Partitions per sequence for a generated Triton TQ decode on the GPU, whole pipeline.
 
 Run from the project root on a CUDA machine:
-  python benchmarks/tq_decode_partitions.py d128_qg8_bs16 16x8192,64x1024,...
-For each config and partition count P: rotate + decode + merge with P partitions (tile groups
-per partition = cdiv(groups, P)), the cold-L2 device time of the pipeline and of the decode
-kernel alone, and max |diff| against the shipped choice's output (decode_partitions).
+  python benchmarks/tq_decode_partitions.py d128_qg8_bs16 16x8192,64x1024,... [P,P,...]
+For each config and partition count P (powers of two up to 64 and the shipped choice, or the
+counts listed: any P works, e.g. one that fills whole waves of resident programs): rotate +
+decode + merge with P partitions (tile groups per partition = cdiv(groups, P)), the cold-L2
+device time of the pipeline and of the decode kernel alone, and max |diff| against the shipped
+choice's output (decode_partitions).
 """
 import math
 import sys
@@ -30,7 +32,8 @@ for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].s
     groups = max(1, -(-nb * bs // dec.GROUP))
     shipped_p = dec.decode_partitions(nb, num_seqs, HK, q.device)[0]
     print(f"== {variant} {num_seqs} x {ctx}: shipped P = {shipped_p} (partition_plan: {dec.partition_plan(nb)[0]}), {groups} groups", flush=True)
-    for P in sorted({1, 2, 4, 8, 16, 32, 64, shipped_p}):
+    counts = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1, 2, 4, 8, 16, 32, 64]
+    for P in sorted({*counts, shipped_p}):
         if P > groups:
             continue
         tg = -(-groups // P)
@@ -48,6 +51,6 @@ for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].s
         pipeline()
         diff = (out.float() - base.float()).abs().max().item()
         t_all, t_dec = cold_l2_us(pipeline), cold_l2_us(decode_only)
-        print(f"P {P:3d} ({num_seqs * HK * P:5d} programs, {tg * dec.GROUP:6d} tokens each): pipeline {t_all:8.1f} us, "
+        print(f"P {P:3d} ({num_seqs * HK * P:5d} programs, {tg * dec.GROUP:6d} tokens each{', shipped' if P == shipped_p else ''}): pipeline {t_all:8.1f} us, "
               f"decode {t_dec:8.1f} us, max |diff| vs shipped {diff:.1e}", flush=True)
     del cache
