@@ -4,9 +4,10 @@ Run from the project root on a CUDA machine:
   python benchmarks/tq_decode_partitions.py d128_qg8_bs16 16x8192,64x1024,... [P,P,...]
 For each config and partition count P (powers of two up to 64 and the shipped choice, or the
 counts listed: any P works, e.g. one that fills whole waves of resident programs): rotate +
-decode + merge with P partitions (tile groups per partition = cdiv(groups, P)), the cold-L2
-device time of the pipeline and of the decode kernel alone, and max |diff| against the shipped
-choice's output (decode_partitions).
+decode + merge with P partitions (tile groups per partition = cdiv(groups, P); at P = 1 the
+decode writes the output and no merge runs, as in tq_decode), the cold-L2 device time of the
+pipeline and of the decode kernel alone, and max |diff| against the shipped choice's output
+(decode_partitions).
 """
 import math
 import sys
@@ -37,9 +38,11 @@ for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].s
         if P > groups:
             continue
         tg = -(-groups // P)
-        out_parts = torch.empty((num_seqs, HK, P, qg, d), dtype=torch.bfloat16, device=dev)
-        es = torch.empty((num_seqs, HK, P, qg), dtype=torch.float32, device=dev); ml = torch.empty_like(es)
         out = torch.empty_like(q)
+        # As tq_decode does: one partition's normalized output is the answer, written in place (no merge).
+        out_parts = (out.view(num_seqs, HK, 1, qg, d) if P == 1
+                     else torch.empty((num_seqs, HK, P, qg, d), dtype=torch.bfloat16, device=dev))
+        es = torch.empty((num_seqs, HK, P, qg), dtype=torch.float32, device=dev); ml = torch.empty_like(es)
         q_rot, cb = dec.rotate_query(q, rot, cent)
         scale = 1 / math.sqrt(d)
         def decode_only():
@@ -47,7 +50,8 @@ for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].s
         def pipeline():
             qr, c = dec.rotate_query(q, rot, cent)
             dec.launch_decode_kernel(qr, cache, c, table, sl, out_parts, es, ml, tg, scale)
-            dec.merge_partitions(out_parts, es, ml, out)
+            if P > 1:
+                dec.merge_partitions(out_parts, es, ml, out)
         pipeline()
         diff = (out.float() - base.float()).abs().max().item()
         t_all, t_dec = cold_l2_us(pipeline), cold_l2_us(decode_only)
