@@ -182,11 +182,6 @@ def parse_tune(section: r.Section, case_rows: list[int], axes: Mapping[str, tupl
     return TuneConfig(file, candidates, tuple(classes), tuple(exclude), sampling)
 
 
-def _ordered_sampling(values) -> tuple[str, ...]:
-    """Sampling names in SAMPLINGS' order (a set of distributions, compared and written as one)."""
-    return tuple(name for name in SAMPLINGS if name in values)
-
-
 # The section's declaration, for `kgen schema` and docs/spec-reference.md (kgen/ops/formats.py
 # places it in each operator that reads a tune section); parse_tune reads exactly these keys.
 TUNE_FIELD = r.Field(
@@ -330,7 +325,7 @@ def _sampling_of(section: r.Section, default: tuple[str, ...]) -> tuple[str, ...
     values = section.get("sampling", r.list_of(r.one_of(*SAMPLINGS), min_len=1), default=default)
     if len(set(values)) != len(values):
         raise section.error("sampling", f"repeated value in {list(values)}")
-    return _ordered_sampling(values)
+    return tuple(name for name in SAMPLINGS if name in values)  # a set, compared and written as one
 
 
 def _entry(section: r.Section, file_tuned_on: Mapping[str, str], file_sampling: tuple[str, ...]) -> Entry:
