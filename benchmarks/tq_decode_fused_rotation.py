@@ -206,7 +206,7 @@ def load(source: str | None = None):
 
 def main() -> None:
     from timing import cold_l2_us
-    from tq_decode import load as load_generated, random_decode_inputs
+    from tq_decode import HK, load as load_generated, random_decode_inputs
 
     from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids
     from kgen.spec import load_spec
@@ -237,7 +237,8 @@ def main() -> None:
             for f, m in forms.items():
                 times[f].append(cold_l2_us(lambda: m.tq_decode(q, cache, table, seq_lens, centroids, rotation)))
         med = {f: statistics.median(v) for f, v in times.items()}
-        short = shipped._launch_chunks(num_seqs, 8, *shipped.decode_partitions(table.shape[1], num_seqs, 8, q.device), q.device) == shipped.SHORT_CHUNKS
+        plan = shipped.decode_partitions(table.shape[1], num_seqs, HK, q.device)
+        short = shipped._launch_chunks(num_seqs, HK, *plan, q.device) == shipped.SHORT_CHUNKS
         print(f"{num_seqs:3d} x {ctx:6d} ({'fused' if short else 'not short: unchanged'}): shipped {med['shipped']:.1f}, fused {med['fused']:.1f} "
               f"({med['shipped'] / med['fused']:.3f}x); {'bitwise equal' if equal else f'max |diff| {diff:.1e}'}", flush=True)
         del cache
