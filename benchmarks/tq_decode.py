@@ -13,6 +13,7 @@ import importlib.util
 import math
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -39,9 +40,14 @@ def use_variant(name: str) -> None:
     BF16_BYTES_PER_TOKEN = 2 * D * 2  # per kv head: K and V in bf16
 
 
-def load(name: str):
+def load(name: str, source: str | None = None, tag: str = "derived"):
+    """The generated module `name`, or a module derived from its text (`source`, written to a
+    temporary file as NAME_TAG.py: the labs that edit a copy of a generated module)."""
     path = ROOT / "generated" / "tq_decode" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    if source is not None:
+        path = Path(tempfile.mkdtemp(prefix=f"tq_{tag}_")) / f"{name}_{tag}.py"
+        path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -27,10 +27,8 @@ then kgen's decode check on the derived module (its short launches are fused).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -38,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from tq_decode import load as load_generated  # noqa: E402
 
 VARIANT = "tq_decode_triton_d128_qg8_bs16"
 
@@ -61,9 +61,9 @@ EDITS = [
 ):
     # One program: all QG query heads""", """    MERGE_EARLY: tl.constexpr,
     INTERPRETER_FIXUPS: tl.constexpr,
-    FUSED_ROTATION: tl.constexpr = False,
-    ROTATE_CHUNK: tl.constexpr = 32,
-    ROTATE_STAGES: tl.constexpr = 4,
+    FUSED_ROTATION: tl.constexpr,
+    ROTATE_CHUNK: tl.constexpr,
+    ROTATE_STAGES: tl.constexpr,
 ):
     # One program: all QG query heads"""),
     # prologue
@@ -193,20 +193,13 @@ def derive(source: str) -> str:
 
 
 def load(source: str | None = None):
-    """The generated module, or one derived from it (written to a temporary file)."""
-    path = ROOT / "generated" / "tq_decode" / f"{VARIANT}.py"
-    if source is not None:
-        path = Path(tempfile.mkdtemp(prefix="tq_fused_")) / f"{VARIANT}_fused.py"
-        path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The generated module, or one derived from it."""
+    return load_generated(VARIANT, source, "fused")
 
 
 def main() -> None:
     from timing import cold_l2_us
-    from tq_decode import HK, load as load_generated, random_decode_inputs
+    from tq_decode import HK, random_decode_inputs
 
     from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids
     from kgen.spec import load_spec

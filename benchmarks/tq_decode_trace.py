@@ -17,12 +17,10 @@ end times and cycles per tile, per-SM work and finish times, and the latest SMs'
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import platform
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -33,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import cold_l2_us  # noqa: E402
-from tq_decode import HK, random_decode_inputs  # noqa: E402
+from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
@@ -73,17 +71,6 @@ def instrument(source: str, kernel: str) -> str:
         body = body.replace(old, new, 1)
     # The int64 [programs, len(FIELDS)] buffer the next launch records into (set before each launch).
     return head + body + "\nTRACE = [torch.empty(0, dtype=torch.int64)]\n"
-
-
-def load(name: str, source: str | None = None):
-    path = ROOT / "generated" / "tq_decode" / f"{name}.py"
-    if source is not None:
-        path = Path(tempfile.mkdtemp(prefix="tq_trace_")) / f"{name}_traced.py"
-        path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def summarize(trace: torch.Tensor, num_seqs: int, num_partitions: int, num_sms: int) -> list[str]:
@@ -132,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     name = f"tq_decode_triton_{args.variant}"
     plain = load(name)
-    decode = load(name, instrument((ROOT / "generated" / "tq_decode" / f"{name}.py").read_text(), f"{name}_kernel"))
+    decode = load(name, instrument((ROOT / "generated" / "tq_decode" / f"{name}.py").read_text(), f"{name}_kernel"), "traced")
     store = load(f"tq_store_{args.variant.split('_')[0]}_{args.variant.split('_')[2]}")
     dev = torch.device("cuda")
     d, qg = decode.HEAD_DIM, decode.QG
