@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--only", action="append", metavar="GLOB", help="only variants whose name matches (repeatable; default: all the spec tunes)")
     tu.add_argument("--missing", action="store_true", help="only variants the tuning file has no entry for, or entries timed under other sampling than tune.sampling (resume an interrupted run)")
     tu.add_argument("--direction", choices=("forward", "backward"), help="time only this kernel (after a change to it); the other keeps its entries")
+    tu.add_argument("--size-class", action="append", metavar="NAME", help="time only this class of tune.size_classes, e.g. encoder (repeatable); the other classes keep their entries")
     tu.add_argument("--narrow", action="append", metavar="FIELD=V1,V2", help="time only these values of one of tune.candidates' fields, e.g. num_warps=4 (repeatable; the spec's default schedule is always timed)")
     tu.set_defaults(run=_tune)
 

@@ -433,11 +433,23 @@ def parse_narrow(items: list[str] | None, config: TuneConfig) -> dict[str, tuple
     return narrow
 
 
+def parse_size_classes(names: list[str] | None, config: TuneConfig) -> tuple[str, ...]:
+    """`--size-class NAME` options -> the names of the tune.size_classes to time in this run, in
+    the spec's order (none given: every class)."""
+    declared = [c.name for c in config.classes]
+    for name in names or ():
+        if name not in declared:
+            raise KgenError(f"kgen tune: --size-class {name!r}: not among tune.size_classes {declared}")
+    return tuple(n for n in declared if not names or n in names)
+
+
 def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, directory: Path, sizes=None, log=None,
-                 directions: tuple[str, ...] = DIRECTIONS, narrow: Mapping[str, tuple] | None = None) -> dict[tuple[str, str], list[Timed]]:
-    """Time every candidate schedule of one variant at each size class, in each of `directions`
-    (forward, backward), or those whose fields take the values `narrow` lists, and the spec's
-    default. Returns (size class, direction) -> timings, fastest first, refused candidates last.
+                 directions: tuple[str, ...] = DIRECTIONS, narrow: Mapping[str, tuple] | None = None,
+                 size_classes: tuple[str, ...] | None = None) -> dict[tuple[str, str], list[Timed]]:
+    """Time every candidate schedule of one variant at each size class (or those `size_classes`
+    names), in each of `directions` (forward, backward), or those whose fields take the values
+    `narrow` lists, and the spec's default. Returns (size class, direction) -> timings, fastest
+    first, refused candidates last.
 
     Each candidate is rendered in memory into a module of its own (the variant with that one
     schedule), loaded, checked against the reference at the class's size, then timed. `sizes`
@@ -463,6 +475,8 @@ def tune_variant(spec, variant, *, root: Path, device: str, timer: Timer, direct
         module = render_module(spec, variant, launch, root, directory)
         config: TuneConfig = spec.options.tune
         for size_class in config.classes:
+            if size_classes is not None and size_class.name not in size_classes:
+                continue  # not timed in this run: its workload (inputs, reference) is not built
             works = {s: op.tune_workload(module, spec, variant, cases[size_class.case], device, sampling=s) for s in config.sampling}
             for direction in timed_directions:
                 timed = _time_sampled(works, direction, launch, timer)
@@ -545,12 +559,14 @@ def tuned_variants(spec, only: list[str] | None) -> list:
 
 
 def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> int:
-    """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward] [--narrow FIELD=V1,V2]...`. Exit 2
-    without a CUDA GPU, or for a spec without a tune section. The tuning file is rewritten after
-    each variant, so an interrupted run keeps what it measured (resume with --missing: variants
-    without entries, or with entries timed under other sampling than the spec's) and a long
-    run can be split with --only; --direction retimes one kernel and keeps the other's entries;
-    --narrow times a subset of the candidates (a new field's values at the known winners' others).
+    """`kgen tune SPEC... [--only GLOB]... [--missing] [--direction forward|backward]
+    [--size-class NAME]... [--narrow FIELD=V1,V2]...`. Exit 2 without a CUDA GPU, or for a spec
+    without a tune section. The tuning file is rewritten after each variant, so an interrupted
+    run keeps what it measured (resume with --missing: variants without entries, or with entries
+    timed under other sampling than the spec's) and a long run can be split with --only;
+    --direction retimes one kernel and keeps the other's entries; --size-class retimes the named
+    size classes and keeps the other classes' entries; --narrow times a subset of the candidates
+    (a new field's values at the known winners' others).
     (timer, device and sizes: for tests, which run the whole path on CPU under the interpreter.)"""
     from kgen.emit import write_atomic
     from kgen.generate import load_all
@@ -584,6 +600,7 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
         config: TuneConfig = spec.options.tune
         path = tuning_path(spec.path, config)
         narrow = parse_narrow(getattr(args, "narrow", None), config)
+        classes = parse_size_classes(getattr(args, "size_class", None), config)
         existing = load_tuning(spec.path, spec.name, config)
         entries = dict(existing.entries)
         chosen = tuned_variants(spec, args.only)
@@ -601,12 +618,13 @@ def main(args, timer: Timer | None = None, device: str = "cuda", sizes=None) -> 
         # there); winners timed elsewhere, or under other distributions, carry their own.
         tuned_on = existing.tuned_on if existing.sha256 is not None else run_on
         sampling = existing.sampling if existing.sha256 is not None else config.sampling
-        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(c.name for c in config.classes)}, "
+        print(f"kgen tune: {spec.path}: {len(chosen)} variant(s), size classes {', '.join(classes)}, "
               f"{' and '.join(config.sampling)} sampling, on {run_on['device']}", flush=True)
         with tempfile.TemporaryDirectory(prefix="kgen-tune-") as tmp:
             for variant in chosen:
                 directions = (args.direction,) if getattr(args, "direction", None) else DIRECTIONS
-                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes, directions=directions, narrow=narrow)
+                results = tune_variant(spec, variant, root=args.root, device=device, timer=timer, directory=Path(tmp), sizes=sizes,
+                                       directions=directions, narrow=narrow, size_classes=classes)
                 best = {key: replace(entry, tuned_on=run_on) for key, entry in winners(spec, variant, results).items()}
                 entries.update(best)
                 for (_, size_class, direction), entry in best.items():

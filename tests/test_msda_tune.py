@@ -19,7 +19,7 @@ from kgen.generate import generate
 from kgen.ops import msda
 from kgen.ops.msda import Case
 from kgen.spec import load_spec
-from kgen.tune import Launch, Timed, _time_one, _time_sampled, main as tune_main, winners
+from kgen.tune import Launch, Timed, _time_one, _time_sampled, load_tuning, main as tune_main, tuning_text, winners
 from kgen.verify.msda import TuneWorkload, check, local_locations, make_inputs
 
 SPEC_TEXT = (ROOT / "specs" / "msda.yaml").read_text()
@@ -435,6 +435,46 @@ def test_kgen_tune_one_direction_times_only_that_kernel_and_keeps_the_other(tmp_
     assert all("tuned_on" not in e["forward"] and e["backward"]["tuned_on"]["device"] == "cpu (Triton interpreter)" for e in written.values())
     text = next(o.text for o in generate(load_spec(path), ROOT) if o.variant == SMALL)
     assert "# decoder: forward tuned on NVIDIA H200 and backward tuned on cpu (Triton interpreter); grad_value" in text
+
+
+def test_kgen_tune_one_size_class_times_only_that_class_and_keeps_the_others(tmp_path):
+    """--size-class encoder --direction forward (retiming the encoder forward on another GPU):
+    only encoder launches are timed, the decoder's entries stay byte for byte as they were."""
+    text = narrow().replace("block_q: [16, 32, 64]", "block_q: [16, 32]").replace("num_warps: [2, 4, 8]", "num_warps: [4]").replace("point_loop: [unrolled, run_time]", "point_loop: [unrolled]").replace("corners: [summed, fused]", "corners: [summed]").replace("locations: [separate, paired, words]", "locations: [separate]")
+    decoder = dict(GOOD, block_q=16, num_warps=4, us=1.5, default_us=2.5)
+    encoder = dict(GOOD, block_q=32, num_warps=4)
+    path = spec_copy(tmp_path, text, tuning=tuning({SMALL: {"decoder": {"forward": decoder, "backward": decoder}, "encoder": {"forward": encoder, "backward": encoder}}}))
+    # The file as kgen writes it (sorted keys, its defaults filled in), so its bytes can be compared.
+    spec = load_spec(path)
+    before = load_tuning(spec.path, spec.name, spec.options.tune)
+    file = tmp_path / "specs" / "msda.tuning.json"
+    file.write_text(tuning_text(spec.name, before.tuned_on, before.entries, before.sampling))
+    decoder_text = lambda text: text[text.index('"decoder"') : text.index('"encoder"')]  # noqa: E731 - one variant in the file
+    old = file.read_text()
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return {1: 3.0, 2: 8.0}[len(calls)]  # (16, encoder), (32, encoder)
+
+    sizes = (Case(1, 5, ((3, 4), (2, 2), (1, 3)), (-0.2, 1.2), None), Case(2, 7, ((2, 3), (3, 1), (2, 2)), (-0.2, 1.2), None))
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], direction="forward", size_class=["encoder"])
+    assert tune_main(args, timer=timer, device="cpu", sizes=sizes) == 0
+    assert len(calls) == 2  # 2 candidates x the encoder, forward only
+    new = file.read_text()
+    assert decoder_text(new) == decoder_text(old)
+    written = json.loads(new)["schedules"][SMALL]
+    assert (written["encoder"]["forward"]["block_q"], written["encoder"]["forward"]["us"], written["encoder"]["forward"]["default_us"]) == (16, 3.0, 8.0)
+    assert written["encoder"]["forward"]["tuned_on"]["device"] == "cpu (Triton interpreter)"
+    assert written["encoder"]["backward"] == json.loads(old)["schedules"][SMALL]["encoder"]["backward"]
+
+
+def test_kgen_tune_unknown_size_class_is_a_clear_error(tmp_path):
+    path = spec_copy(tmp_path, narrow())
+    args = argparse.Namespace(specs=[str(path)], root=tmp_path, only=[SMALL], size_class=["encoder", "tiny"])
+    with pytest.raises(KgenError, match=re.escape("kgen tune: --size-class 'tiny': not among tune.size_classes ['decoder', 'encoder']")):
+        tune_main(args, timer=lambda fn: pytest.fail("timed"), device="cpu")
 
 
 def test_kgen_tune_times_a_forward_only_field_in_the_forward_alone(tmp_path):
