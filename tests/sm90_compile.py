@@ -61,6 +61,8 @@ def record_launches(module) -> list[tuple]:
     table = torch.zeros(num_seqs, max_blocks, dtype=torch.int32)
     seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
     module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), 1, 0.1)
+    if hasattr(module, "LONG_PARTITION_GROUPS"):  # the chunked form's schedule of long partitions
+        module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), module.LONG_PARTITION_GROUPS, 0.1)
     if short:  # the schedule of single-group launches, which a GPU picks
         module._short_wave = lambda device: 1 << 30
         module.launch_decode_kernel(q_rot, cache, codebook, table, seq_lens, out_parts, exp_sums, exp_sums.clone(), 1, 0.1)
@@ -118,6 +120,9 @@ def resource_usage(compiled, options) -> dict:
     """What MARK reports of a compiled kernel: its resource use and the facts of its PTX."""
     usage = cuobjdump(compiled, "--dump-resource-usage")
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            # shared memory: the kernel's static variables, and what Triton asks for at launch
+            "static_shared": int(re.search(r"SHARED:(\d+)", usage).group(1)), "dynamic_shared": compiled.metadata.shared,
+            "num_warps": options.get("num_warps"), "long_partitions": options.get("K_PAIR_TABLE"),
             "maxnreg": options.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
             "vector_loads_before_wait": compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4")}
 

@@ -2,8 +2,10 @@
 
 Compiled for NVIDIA, the generated decode unpacks K nibbles into bf16 codebook entries and V
 nibbles into fp16 levels with inline PTX. The chunked form takes two int32 words per call and
-pairs them nibble by nibble: _unpack_k_pairs and _unpack_v_words. The shared-tile form takes a
-word of 4 packed bytes per call: _unpack_k and _unpack_v. The interpreter runs the plain Triton
+pairs them nibble by nibble: _unpack_k_pairs and _unpack_v_words; in long partitions its K
+lookup reads a byte-pair table in shared memory instead, filled by _k_pair_table and read by
+_table_k_pairs (modelled here with a shared memory and a lane id per lane). The shared-tile form
+takes a word of 4 packed bytes per call: _unpack_k and _unpack_v. The interpreter runs the plain Triton
 arm instead, so CI's numerics never execute the PTX.
 Here the asm text of the generated module is parsed and every instruction it uses is modelled on
 numpy arrays (one lane per input word). The two halves of a word take separate paths, so each
@@ -30,12 +32,15 @@ ALL_PAIRS = np.arange(1 << 16, dtype=np.uint32)  # two packed bytes: b0 | b1 << 
 WORDS = ALL_PAIRS | np.random.default_rng(1).permutation(ALL_PAIRS) << 16
 
 
-def _inline_asm(source: str, function: str) -> tuple[str, str, int]:
-    """(asm text, constraints, pack) of the tl.inline_asm_elementwise call inside `function`."""
+def _inline_asm(source: str, function: str, which: int = 0) -> tuple[str, str, int]:
+    """(asm text, constraints, pack) of the `which`-th tl.inline_asm_elementwise call inside
+    `function` (positional or keyword asm and constraints)."""
     tree = ast.parse(source)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
-    call = next(n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "inline_asm_elementwise")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "inline_asm_elementwise"]
+    call = sorted(calls, key=lambda n: (n.lineno, n.col_offset))[which]
     kw = {k.arg: k.value for k in call.keywords}
+    kw.update(zip(("asm", "constraints", "args"), call.args))
     constant = lambda node: eval(compile(ast.Expression(node), "<asm>", "eval"), {"__builtins__": {}})  # noqa: E731
     return constant(kw["asm"]), constant(kw["constraints"]), constant(kw["pack"])
 
@@ -78,6 +83,9 @@ OPS = {
     "shl.b32": lambda a, b: (a << b) & 0xFFFFFFFF,
     "shr.b32": lambda a, b: a >> b,
     "mov.b32": lambda a: a,
+    "mov.u32": lambda a: a,
+    "add.u32": lambda a, b: (a + b) & 0xFFFFFFFF,
+    "mad.lo.u32": lambda a, b, c: (a * b + c) & 0xFFFFFFFF,
     "prmt.b32": _prmt,
     "lop3.b32": lambda a, b, c, lut: _lop3(a, b, c, int(lut[0])),
     "sub.f16x2": lambda a, b: _f16x2(lambda x, y: x - y, a, b),
@@ -85,19 +93,50 @@ OPS = {
 }
 
 
-def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the straight-line asm over lanes; operands maps "$n" to uint32 arrays (outputs come back)."""
+class SharedMemory:
+    """Shared memory as 32-bit words from byte address `base` on; every word starts as a sentinel
+    no table entry equals (the lookups must only read what the fill wrote)."""
+
+    SENTINEL = 0xDEADBEEF
+
+    def __init__(self, base: int, size: int):
+        self.base, self.words = base, np.full(size // 4, self.SENTINEL, dtype=np.uint32)
+
+    def index(self, address: np.ndarray) -> np.ndarray:
+        assert np.all(address % 4 == 0), "unaligned shared access"
+        i = (address.astype(np.int64) - self.base) // 4
+        assert np.all((i >= 0) & (i < len(self.words))), "shared access outside the table"
+        return i
+
+
+def run_ptx(asm: str, operands: dict[str, np.ndarray], shared: SharedMemory | None = None, lane: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Run the straight-line asm over lanes; operands maps "$n" to uint32 arrays (outputs come back).
+    `shared` serves ld.shared / st.shared.v4 (32-bit words), `lane` gives each lane's %laneid."""
     regs = dict(operands)
+    if lane is not None:
+        regs["%laneid"] = lane.astype(np.uint32)
+    shape = next(iter(operands.values())).shape
     for line in asm.splitlines():
-        line = line.split("//")[0].strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        opcode, rest = line.split(None, 1)
-        if opcode not in OPS:
-            raise AssertionError(f"instruction outside the model: {opcode} (extend OPS or the test)")
-        dest, *args = [a.strip() for a in rest.split(",")]
-        values = [regs[a] if a in regs else np.full_like(WORDS, int(a, 0)) for a in args]
-        regs[dest] = OPS[opcode](*values).astype(np.uint32)
+        for statement in line.split("//")[0].split(";"):
+            statement = statement.strip()
+            if not statement or statement in "{}" or statement.startswith((".reg", "{ .reg")):
+                continue
+            opcode, rest = statement.split(None, 1)
+            if opcode == "st.shared.v4.u32":  # [address], {a, b, c, d}
+                address, values = re.fullmatch(r"\[(\S+)\],\s*\{(.*)\}", rest).groups()
+                at = shared.index(regs[address])
+                for k, v in enumerate(v.strip() for v in values.split(",")):
+                    shared.words[at + k] = regs[v]
+                continue
+            if opcode == "ld.shared.u32":  # dest, [address]
+                dest, address = re.fullmatch(r"(\S+),\s*\[(\S+)\]", rest).groups()
+                regs[dest] = shared.words[shared.index(regs[address])]
+                continue
+            if opcode not in OPS:
+                raise AssertionError(f"instruction outside the model: {opcode} (extend OPS or the test)")
+            dest, *args = [a.strip() for a in rest.split(",")]
+            values = [regs[a] if a in regs else np.full(shape, int(a, 0), dtype=np.uint32) for a in args]
+            regs[dest] = OPS[opcode](*values).astype(np.uint32)
     return regs
 
 
@@ -145,6 +184,46 @@ def check_unpack_k_pairs(asm, constraints, pack, codebook):
         shift = 4 * n
         ok &= np.array_equal(out.get(f"${n}"), bits[(a >> shift) & 15] | bits[(b >> shift) & 15] << 16)
     return ok
+
+
+TABLE_BASE = 0x400  # where the model puts the table (the kernel's address is ptxas's choice)
+
+
+def _pair_entries(codebook: np.ndarray) -> np.ndarray:
+    """What _k_pair_table's Triton code hands the fill, per byte value b: bf16 c[b & 15] | c[b >> 4] << 16."""
+    bits = (codebook.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+    b = np.arange(256)
+    return (bits[b & 15] | bits[b >> 4] << 16).astype(np.uint32)
+
+
+def fill_pair_table(source: str, codebook: np.ndarray, fill_lanes: np.ndarray, fill_asm: str | None = None) -> SharedMemory:
+    """_k_pair_table's fill, each table row b written by a lane whose %laneid is fill_lanes[b] (the
+    layout decides which lane writes which row; any must do)."""
+    declare, constraints, _ = _inline_asm(source, "_k_pair_table", 0)
+    size = int(re.search(r"\.b8 k_pair_table\[(\d+)\]", declare).group(1))
+    row = size // 256
+    fill, constraints, pack = _inline_asm(source, "_k_pair_table", 1)
+    assert (constraints, pack) == ("=r,r,r", 1)
+    shared = SharedMemory(TABLE_BASE, size)
+    rows = (TABLE_BASE + np.arange(256) * row).astype(np.uint32)
+    run_ptx(fill_asm or fill, {"$1": _pair_entries(codebook), "$2": rows}, shared, lane=fill_lanes)
+    return shared
+
+
+def check_table_k_pairs(source, codebook, fill_lanes, lookup_asm=None, lane_asm=None, fill_asm=None):
+    """$0..$7: output 2b + h is the pair (c[low], c[high]) of byte b of word h ($8, $9), read by each
+    lane (%laneid = index % 32) through its own copy; the lane's base from _k_pair_table's last asm."""
+    shared = fill_pair_table(source, codebook, fill_lanes, fill_asm)
+    a, b = _word_pairs()
+    lane = np.arange(len(a)) % 32
+    lane_base, constraints, pack = _inline_asm(source, "_k_pair_table", 2)
+    assert (constraints, pack) == ("=r,r", 1)
+    base = run_ptx(lane_asm or lane_base, {"$1": np.full_like(a, TABLE_BASE)}, lane=lane)["$0"]
+    asm, constraints, pack = _inline_asm(source, "_table_k_pairs")
+    assert (constraints, pack) == ("=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", 2)
+    out = run_ptx(lookup_asm or asm, {"$8": a, "$9": b, "$10": base, "$11": base}, shared, lane=lane)
+    entries = _pair_entries(codebook)
+    return all(np.array_equal(out.get(f"${2 * byte + h}"), entries[(word >> (8 * byte)) & 0xFF]) for byte in range(4) for h, word in enumerate((a, b)))
 
 
 def check_unpack_v(asm, mid):
@@ -218,6 +297,36 @@ def test_k_pair_unpack_looks_up_every_nibble_of_both_words(source, name, codeboo
     assert check_unpack_k_pairs(asm, constraints, pack, codebook), name
 
 
+FILL_LANES = {
+    "row b by lane b % 32": np.arange(256) % 32,
+    "by lane b // 8": np.arange(256) // 8,
+    "random lanes": np.random.default_rng(2).integers(0, 32, 256),
+}
+
+
+@pytest.mark.parametrize("fill", FILL_LANES, ids=str)
+@pytest.mark.parametrize("name,codebook", _codebooks(), ids=lambda x: x if isinstance(x, str) else "")
+def test_k_pair_table_looks_up_every_byte_of_both_words(source, name, codebook, fill):
+    """Every lane reads its own copy (a sentinel in any copy the fill missed fails), for every
+    byte pair at each byte position, whichever lanes wrote the rows."""
+    assert check_table_k_pairs(source, codebook, FILL_LANES[fill]), (name, fill)
+
+
+def test_k_pair_table_reads_of_a_warp_hit_distinct_banks(source):
+    """The point of one copy per lane: whatever bytes 32 lanes look up, their addresses lie in 32
+    distinct banks (4-byte words, 32 banks), so a warp's read is one shared-memory wavefront."""
+    lane_base, _, _ = _inline_asm(source, "_k_pair_table", 2)
+    lane = np.arange(32)
+    base = run_ptx(lane_base, {"$1": np.full(32, TABLE_BASE, dtype=np.uint32)}, lane=lane)["$0"]
+    asm, _, _ = _inline_asm(source, "_table_k_pairs")
+    rng = np.random.default_rng(3)
+    for _ in range(64):
+        words = rng.integers(0, 1 << 32, (2, 32), dtype=np.uint64).astype(np.uint32)
+        regs = run_ptx(asm.replace("ld.shared.u32", "mov.u32 ").replace("[row]", "row"), {"$8": words[0], "$9": words[1], "$10": base, "$11": base})
+        for out in range(8):  # the addresses each read went to (the model's mov stands in for the read)
+            assert len(set(((regs[f"${out}"] // 4) % 32).tolist())) == 32
+
+
 def _v_level_mid(source: str) -> int:
     return int(re.search(r"^V_LEVEL_MID = (\d+)$", source, re.M).group(1))
 
@@ -277,17 +386,43 @@ def test_planted_ptx_bugs_fail(source, function, old, new):
     assert not ok
 
 
+@pytest.mark.parametrize(
+    "where,old,new",
+    [
+        ("lookup", "$9, 0, 0x4441", "$9, 0, 0x4440"),  # byte 1 of word 1 never read
+        ("lookup", "$9, 0, 0x4442", "$8, 0, 0x4442"),  # word 0 read for word 1
+        ("lookup", "ld.shared.u32 $3, [row]", "ld.shared.u32 $2, [row]"),  # an output written twice
+        ("lookup", "mad.lo.u32 row, byte, 128, $10", "mad.lo.u32 row, byte, 64, $10"),  # rows of the wrong pitch
+        ("lane", "mad.lo.u32 $0, lane, 4, $1", "mad.lo.u32 $0, lane, 0, $1"),  # every lane on copy 0: right values, but see the bank test
+        ("fill", "and.b32 slot, slot, 7", "and.b32 slot, slot, 3"),  # half of each row's copies never written
+        ("fill", "add.u32 slot, lane, 7", "add.u32 slot, lane, 6"),  # one 16-byte slot missed by some lanes' rows
+    ],
+)
+def test_planted_pair_table_bugs_fail(source, where, old, new):
+    codebook = _codebooks()[2][1]
+    lookup, lane, fill = (_inline_asm(source, f, i)[0] for f, i in (("_table_k_pairs", 0), ("_k_pair_table", 2), ("_k_pair_table", 1)))
+    text = {"lookup": lookup, "lane": lane, "fill": fill}[where]
+    assert text.count(old) >= 1, old
+    bad = text.replace(old, new, 1)
+    if where == "lane":  # copy 0 holds the right entries: only the bank spread tells
+        base = run_ptx(bad, {"$1": np.full(32, TABLE_BASE, dtype=np.uint32)}, lane=np.arange(32))["$0"]
+        assert len(set(((base // 4) % 32).tolist())) < 32
+        return
+    ok = check_table_k_pairs(source, codebook, FILL_LANES["random lanes"], **{f"{where}_asm": bad})
+    assert not ok
+
+
 def test_every_decode_variant_ships_the_same_ptx():
     """The PTX is variant-independent (4-bit fields, 16 centroids): one exhaustive run covers all.
-    The chunked variants have _unpack_k_pairs and _unpack_v_words, the shared-tile ones _unpack_k
-    and _unpack_v."""
-    texts = {"_unpack_k_pairs": set(), "_unpack_v_words": set(), "_unpack_k": set(), "_unpack_v": set()}
+    The chunked variants have _unpack_k_pairs, the pair table's _k_pair_table and _table_k_pairs,
+    and _unpack_v_words; the shared-tile ones _unpack_k and _unpack_v."""
+    texts = {f: set() for f in ("_unpack_k_pairs", "_k_pair_table", "_table_k_pairs", "_unpack_v_words", "_unpack_k", "_unpack_v")}
     for p in (ROOT / "generated" / "tq_decode").glob("tq_decode_triton_*.py"):
         source = p.read_text()
         present = [f for f in texts if f"def {f}(" in source]
-        assert present in (["_unpack_k_pairs", "_unpack_v_words"], ["_unpack_k", "_unpack_v"]), (p.name, present)
+        assert present in (["_unpack_k_pairs", "_k_pair_table", "_table_k_pairs", "_unpack_v_words"], ["_unpack_k", "_unpack_v"]), (p.name, present)
         for f in present:
-            texts[f].add(_inline_asm(source, f)[0])
+            texts[f].add(tuple(_inline_asm(source, f, i)[0] for i in range(3 if f == "_k_pair_table" else 1)))
     assert all(len(t) == 1 for t in texts.values()), {f: len(t) for f, t in texts.items()}
 
 

@@ -134,7 +134,10 @@ def test_generated_code_is_self_contained_and_derived(sources):
 @pytest.mark.parametrize("name", DECODE)
 def test_decode_matches_reference(modules, name):
     results = verify_tq.check_decode(modules[name], SPEC, "cpu")
-    assert len(results) == len(SPEC.options.cases) + 1
+    # the chunked form's cases run twice: as launched, then in the long-partition schedule
+    runs = 2 if hasattr(modules[name], "LONG_PARTITION_GROUPS") else 1
+    assert len(results) == runs * (len(SPEC.options.cases) + 1)
+    assert sum(r["case"].startswith("long-partition schedule (forced)") for r in results) == (runs - 1) * (len(SPEC.options.cases) + 1)
     assert not _failures(results), _failures(results)
     assert max(r["max_abs"] for r in results) < SPEC.options.tolerance.atol
 
@@ -307,20 +310,23 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
 
 
 @pytest.mark.parametrize("name", ["tq_decode_triton_d128_qg8_bs16", "tq_decode_triton_d64_qg4_bs32"])
-def test_decode_with_v_a_tile_ahead_matches_reference(modules, monkeypatch, name):
-    """Long partitions load V a tile ahead (V_AHEAD), as K is: forced here for every launch,
-    coarsened partitions included, against the reference; the launches record the flag."""
+def test_decode_with_long_partition_schedule_matches_reference(modules, monkeypatch, name):
+    """Long partitions load V a tile ahead (V_AHEAD), as K is, and look K up in the byte-pair
+    table (K_PAIR_TABLE; the interpreter runs the plain arm, its word/nibble trade included):
+    forced here for every launch, coarsened partitions included, against the reference; the
+    launches record the flags. (check_decode also runs its cases once more with it forced.)"""
     mod = modules[name]
-    assert mod.V_AHEAD_MIN_GROUPS > 1
+    assert mod.LONG_PARTITION_GROUPS > 1
     flags = []
     run = mod._run
-    monkeypatch.setattr(mod, "V_AHEAD_MIN_GROUPS", 1)
-    monkeypatch.setattr(mod, "_run", lambda kernel, grid, args, variant, options: flags.append(options().get("V_AHEAD")) or run(kernel, grid, args, variant, options))
+    monkeypatch.setattr(mod, "LONG_PARTITION_GROUPS", 1)
+    monkeypatch.setattr(mod, "_run", lambda kernel, grid, args, variant, options: flags.append((options().get("V_AHEAD"), options().get("K_PAIR_TABLE"))) or run(kernel, grid, args, variant, options))
     results = verify_tq.check_decode(mod, SPEC, "cpu")
     monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)  # fewer, longer partitions
     results += verify_tq.check_decode(mod, SPEC, "cpu")
     assert not _failures(results), _failures(results)
-    assert True in flags and False not in flags, flags
+    assert set(flags) - {(None, None)} == {(True, True)}, flags  # (None, None): the rotation and the merge
+    assert mod.LONG_PARTITION_GROUPS == 1  # check_decode puts back what it forces
 
 
 def _reusing_compiled(module, monkeypatch, *kernels):
@@ -489,19 +495,25 @@ def _planted(sources, tmp_path, name, old, new, count=1):
 def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
     """Swapped nibble order (in the interpreter's arm of _unpack_k_pairs; tests/test_tq_ptx_unpack.py
     plants bugs in the PTX arm), q's reduction order off the K lanes' (two bytes of a word
-    swapped), the next tile's K (and, with V_AHEAD, V) loaded at this tile's tokens, then the V
+    swapped; the pair table's word or nibble order), the next tile's K (and, with V_AHEAD, V) loaded at this tile's tokens, then the V
     scale read from the K norm's field."""
     name = "tq_decode_triton_d128_qg8_bs16"
-    swapped = _planted(sources, tmp_path, name, "(words >> 0 * NIBBLE_BITS) & NIBBLE_MASK", "(words >> 1 * NIBBLE_BITS) & NIBBLE_MASK")
+    swapped = _planted(sources, tmp_path, name, "return (\n            _codebook_entry(codebook_ptr, (words >> 0 * NIBBLE_BITS)", "return (\n            _codebook_entry(codebook_ptr, (words >> 1 * NIBBLE_BITS)")
     assert _failures(verify_tq.check_decode(swapped, SPEC, "cpu", extra_cases=False))
-    old_order, new_order = "+ ((pair >> 4) & 1) * 2\n        + ((pair >> 1) & 1)", "+ ((pair >> 1) & 1) * 2\n        + ((pair >> 4) & 1)"
+    old_order, new_order = "+ ((pair >> 4) & 1) * 2\n            + ((pair >> 1) & 1)", "+ ((pair >> 1) & 1) * 2\n            + ((pair >> 4) & 1)"
     misordered = _planted(sources, tmp_path, name, old_order, new_order, count=2)
     assert _failures(verify_tq.check_decode(misordered, SPEC, "cpu", extra_cases=False))
+    # The byte-pair table's order (check_decode forces the long-partition schedule): q's second
+    # product at the first word's bytes, and the plain arm without the word/nibble trade.
+    same_word = _planted(sources, tmp_path, name, "k_byte += 4", "k_byte += 0", count=2)
+    assert _failures(verify_tq.check_decode(same_word, SPEC, "cpu", extra_cases=False))
+    untraded = _planted(sources, tmp_path, name, "(0, 1, 4, 3, 2)", "(0, 1, 2, 3, 4)", count=4)
+    assert _failures(verify_tq.check_decode(untraded, SPEC, "cpu", extra_cases=False))
     stale = _planted(sources, tmp_path, name, "_load_k_tile(\n            chunk_start + TILE_TOKENS,", "_load_k_tile(\n            chunk_start + 0 * TILE_TOKENS,")
     assert _failures(verify_tq.check_decode(stale, SPEC, "cpu", extra_cases=False))
     # V a tile ahead (forced for every launch): the next tile's V loaded at this tile's tokens.
     stale_v = _planted(sources, tmp_path, name, "_load_v_tile(\n                chunk_start + TILE_TOKENS,", "_load_v_tile(\n                chunk_start + 0 * TILE_TOKENS,")
-    stale_v.V_AHEAD_MIN_GROUPS = 1
+    stale_v.LONG_PARTITION_GROUPS = 1
     assert _failures(verify_tq.check_decode(stale_v, SPEC, "cpu", extra_cases=False))
     plan = tq_decode.lower(SPEC, VARIANTS[name])
     wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")

@@ -99,6 +99,13 @@ K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand
 V_LANES = 8  # lanes holding one token's V record
 WORD_BYTES = 4  # bytes of the int32 words the loads and the unpacking work on
 WARP_LANES = 32  # threads of an NVIDIA warp; the lanes a record does not take hold other tokens
+# Long partitions look K's bytes up in a byte-pair table in shared memory (entry b: the bf16
+# codebook entries of b's two nibbles), one copy per lane so that a warp's 32 reads fall in 32
+# distinct banks: one read and two integer instructions a byte, against 5.5 byte-permute
+# instructions, which held the integer ALU pipe 61% busy (ncu, H100, 16 x 32K: 73.7M -> 40.8M ALU
+# instructions; benchmarks/RESULTS.md session 35).
+SHARED_BYTES_PER_SM = 228 * 1024  # shared memory of an SM (sm_90)
+SHARED_BYTES_RESERVED = 1024  # ... that the driver keeps per resident program (sm_90)
 # Registers: the d128 kernel asks for ~240 per thread, so 2 programs fit an SM; capped at 128 (6
 # values spilled) 4 fit, and 16 x 32K takes 476-479 us against 608-611 (64 x 32K: 1831 against
 # 2367; caps of 96, 112 and 144: 542-625 us; grids of one wave lose 1-2 us: 1 x 32K 46.4 against
@@ -210,6 +217,14 @@ def lower_kernel(ctx):
         "ROTATE_WARPS": ROTATE_WARPS,  # warps per program of the rotation kernel
     }
 
+    if chunked:
+        # The pair table (long partitions, CHUNKS warps) must not cost residency: the programs the
+        # register budget lets an SM hold must also fit its shared memory (Triton's own scratch is
+        # checked by the sm_90 compile test, tests/test_tq_sm90_compile.py).
+        resident = consts["PROGRAMS_PER_SM"]
+        if resident * (lanes["K_PAIR_TABLE_BYTES"] + SHARED_BYTES_RESERVED) > SHARED_BYTES_PER_SM:
+            raise ctx.reject("dims.head_dim", f"{resident} resident programs an SM with a {lanes['K_PAIR_TABLE_BYTES']}-byte K pair table each exceed the SM's {SHARED_BYTES_PER_SM} bytes of shared memory", "head_dim 64 or 128")
+
     S = ctx.sym
     seq, kvh, part, slot, row, e, phys = (index_symbol(n) for n in ("seq", "kv_head", "part", "slot", "row", "e", "phys_block"))
     pair, token = index_symbol("pair"), index_symbol("token")
@@ -245,6 +260,12 @@ def lower_kernel(ctx):
         "partials_base": out("partials_base", off["partials_base"]),
         "partials_row": out("partials_row", _layout(ctx, "exp_sums").offset(a3=row), head),
     }
+    if chunked:  # q^T in the pair table's order: nibble `nibble` of byte k_byte (its element)
+        nibble = index_symbol("nibble")
+        nibble_ranges = {**ranges, nibble: Range(0, per_byte - 1, "nibble of a packed byte (0: low)")}
+        printed["query_nibble"] = _Printer(nibble_ranges, names, constexprs)(
+            "query_row", off["query_row"].subs({e: per_byte * pair + nibble}), {**query_matrix, nibble: "nibble[None, :, None]"}
+        )
     if chunked:  # the K and V loads' own names for a 16-token run's table entry, block and slots
         for f in ("k", "v"):
             run = {token: f"{f}_run"}
@@ -269,7 +290,8 @@ def lower_kernel(ctx):
     loads = (
         (
             f"K: each token's {pairs} B record over {K_LANES} lanes, {lanes['K_VEC']} contiguous bytes ({lanes['K_WORDS']} int32 words) each (lane quad q holds bytes [q*{lanes['K_VEC']}, (q+1)*{lanes['K_VEC']})), {WARP_LANES // K_LANES} tokens over the other lane bits, a chunk per warp,"
-            f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte)."
+            f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte);"
+            f" in long partitions a byte-pair table in shared memory ({lanes['K_PAIR_ENTRIES']} rows of {lanes['K_PAIR_ROW_BYTES']} B, a copy per lane) gives a byte's two entries in one read, and QK runs over (k_byte, nibble)."
             f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), {WARP_LANES // V_LANES} tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
         )
         if chunked
@@ -371,6 +393,8 @@ def _chunk_lanes(ctx, pairs: int) -> dict:
     k_words, v_words = _words_per_lane(pairs)
     if not 1 <= v_words <= CHUNK_MAX_V_WORDS or v_words & (v_words - 1):
         raise ctx.reject("dims.head_dim", f"the chunked Triton decode spreads a V record over {V_LANES} lanes of 1 or 2 int32 words, not {pairs / (V_LANES * WORD_BYTES):g}", "head_dim 64 or 128")
+    key_bits = ctx.spec.options.quant.key_bits
+    pair_entries = 1 << (2 * key_bits)  # a byte holds two key_bits-bit indices
     max_blocks = ctx.ranges[ctx.sym["max_blocks"]].hi
     if 7 * max_blocks >= 2**31:  # (x & 7) * max_blocks >> 31 must be 0
         raise ctx.reject("dims.max_blocks", f"max {max_blocks} lets 7 * max_blocks reach 2^31, where the decode's lane-dependent zero stops being zero", f"max <= {(2**31 - 1) // 7}")
@@ -381,6 +405,9 @@ def _chunk_lanes(ctx, pairs: int) -> dict:
         "STEP_PAIRS": K_WORDS_PER_STEP * WORD_BYTES * K_LANES,  # record bytes per QK step
         "V_WORDS": v_words,  # int32 words of a V record per lane
         "LANE_ZERO_BOUND": f"7 * {max_blocks} = {7 * max_blocks} < 2^31",
+        "K_PAIR_ENTRIES": pair_entries,  # the byte-pair table's entries: one per packed K byte value
+        "K_PAIR_ROW_BYTES": WARP_LANES * WORD_BYTES,  # an entry's 32 copies, one per lane
+        "K_PAIR_TABLE_BYTES": pair_entries * WARP_LANES * WORD_BYTES,
     }
 
 

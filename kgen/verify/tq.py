@@ -127,11 +127,23 @@ def make_decode_inputs(case: DecodeCase, qg: int, bs: int, head_dim: int, device
 def check_decode(module, spec, device: str, extra_cases: bool = True) -> list[dict[str, Any]]:
     tol = spec.options.tolerance
     qg, bs, d = module.QG, module.BS, module.HEAD_DIM
+    cases = decode_cases(spec, module, device, extra_cases)
     results = []
-    for i, case in enumerate(decode_cases(spec, module, device, extra_cases)):
+    for i, case in enumerate(cases):
         inputs = make_decode_inputs(case, qg, bs, d, device, seed=2000 + i)
         out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
         results.append(_compare_decode(case.label, out, inputs, case, bs, tol))
+    if hasattr(module, "LONG_PARTITION_GROUPS"):
+        # The chunked Triton form's schedule of long partitions (V a tile ahead, K's byte-pair
+        # table), which the cases' short tables never pick: forced on every launch, cases again.
+        natural, module.LONG_PARTITION_GROUPS = module.LONG_PARTITION_GROUPS, 1
+        try:
+            for i, case in enumerate(cases):
+                inputs = make_decode_inputs(case, qg, bs, d, device, seed=3000 + i)
+                out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
+                results.append(_compare_decode(f"long-partition schedule (forced): {case.label}", out, inputs, case, bs, tol))
+        finally:
+            module.LONG_PARTITION_GROUPS = natural
     return results
 
 
