@@ -120,7 +120,8 @@ def resource_usage(compiled, options) -> dict:
     """What MARK reports of a compiled kernel: its resource use and the facts of its PTX."""
     usage = cuobjdump(compiled, "--dump-resource-usage")
     return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)), "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            # shared memory: the kernel's static variables, and what Triton asks for at launch
+            # shared memory: the kernel's static variables with the 1 KB the driver keeps per program
+            # (sm_90; cuobjdump counts it), and what Triton asks for at launch
             "static_shared": int(re.search(r"SHARED:(\d+)", usage).group(1)), "dynamic_shared": compiled.metadata.shared,
             "num_warps": options.get("num_warps"), "long_partitions": options.get("K_PAIR_TABLE"),
             "maxnreg": options.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
