@@ -123,7 +123,7 @@ def resource_usage(compiled, options) -> dict:
             # shared memory: the kernel's static variables with the 1 KB the driver keeps per program
             # (sm_90; cuobjdump counts it), and what Triton asks for at launch
             "static_shared": int(re.search(r"SHARED:(\d+)", usage).group(1)), "dynamic_shared": compiled.metadata.shared,
-            "num_warps": options.get("num_warps"), "long_partitions": options.get("K_PAIR_TABLE"),
+            "long_partitions": options.get("K_PAIR_TABLE"),
             "maxnreg": options.get("maxnreg"), "grid_dependency": sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))),
             "vector_loads_before_wait": compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4")}
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,8 +97,6 @@ SHARED_BYTES_PER_SM = 228 * 1024  # sm_90, the driver's 1 KB per program include
 
 
 def test_only_long_partition_launches_carry_the_pair_table(records):
-    import re
-
     for path in DECODE:
         table = re.search(r"\.b8 k_pair_table\[(\d+)\]", path.read_text())
         for r in records:
@@ -111,10 +111,6 @@ def test_the_pair_table_costs_no_residency_under_the_gpu_triton():
     (PROGRAMS_PER_SM, which sizes the host's waves): one fewer cost 0.76x at 96 x 8K (H100,
     benchmarks/RESULTS.md session 35). Checked under the GPU machine's Triton: Triton 3.9 routes
     the K operands through shared memory too (12 KB at d128), and there 5 programs fit, not 6."""
-    import re
-
-    from pathlib import Path
-
     assert [d.name for d in Path(GPU_TRITON).glob("triton-*.dist-info")] == ["triton-3.6.0.dist-info"], GPU_TRITON
     chunked = [p for p in DECODE if "def _k_pair_table(" in p.read_text()]
     records = compile_sm90(*chunked, triton_dir=GPU_TRITON)

@@ -128,20 +128,22 @@ def check_decode(module, spec, device: str, extra_cases: bool = True) -> list[di
     tol = spec.options.tolerance
     qg, bs, d = module.QG, module.BS, module.HEAD_DIM
     cases = decode_cases(spec, module, device, extra_cases)
-    results = []
-    for i, case in enumerate(cases):
-        inputs = make_decode_inputs(case, qg, bs, d, device, seed=2000 + i)
-        out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
-        results.append(_compare_decode(case.label, out, inputs, case, bs, tol))
+
+    def run(prefix: str, seed: int) -> list[dict[str, Any]]:
+        results = []
+        for i, case in enumerate(cases):
+            inputs = make_decode_inputs(case, qg, bs, d, device, seed=seed + i)
+            out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
+            results.append(_compare_decode(prefix + case.label, out, inputs, case, bs, tol))
+        return results
+
+    results = run("", 2000)
     if hasattr(module, "LONG_PARTITION_GROUPS"):
         # The chunked Triton form's schedule of long partitions (V a tile ahead, K's byte-pair
         # table), which the cases' short tables never pick: forced on every launch, cases again.
         natural, module.LONG_PARTITION_GROUPS = module.LONG_PARTITION_GROUPS, 1
         try:
-            for i, case in enumerate(cases):
-                inputs = make_decode_inputs(case, qg, bs, d, device, seed=3000 + i)
-                out = module.tq_decode(**inputs, softmax_scale=case.softmax_scale)
-                results.append(_compare_decode(f"long-partition schedule (forced): {case.label}", out, inputs, case, bs, tol))
+            results += run("long-partition schedule (forced): ", 3000)
         finally:
             module.LONG_PARTITION_GROUPS = natural
     return results
