@@ -495,7 +495,8 @@ def _planted(sources, tmp_path, name, old, new, count=1):
 def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
     """Swapped nibble order (in the interpreter's arm of _unpack_k_pairs; tests/test_tq_ptx_unpack.py
     plants bugs in the PTX arm), q's reduction order off the K lanes' (two bytes of a word
-    swapped; the pair table's word or nibble order), the next tile's K (and, with V_AHEAD, V) loaded at this tile's tokens, then the V
+    swapped; the pair table's word or nibble order), the farthest tile in flight's K (and, with
+    V_AHEAD, V) loaded at an earlier tile's tokens, the tiles in flight not moved up, then the V
     scale read from the K norm's field."""
     name = "tq_decode_triton_d128_qg8_bs16"
     swapped = _planted(sources, tmp_path, name, "return (\n            _codebook_entry(codebook_ptr, (words >> 0 * NIBBLE_BITS)", "return (\n            _codebook_entry(codebook_ptr, (words >> 1 * NIBBLE_BITS)")
@@ -509,12 +510,20 @@ def test_planted_decode_bugs_fail_the_check(sources, tmp_path):
     assert _failures(verify_tq.check_decode(same_word, SPEC, "cpu", extra_cases=False))
     untraded = _planted(sources, tmp_path, name, "(0, 1, 4, 3, 2)", "(0, 1, 2, 3, 4)", count=4)
     assert _failures(verify_tq.check_decode(untraded, SPEC, "cpu", extra_cases=False))
-    stale = _planted(sources, tmp_path, name, "_load_k_tile(\n            chunk_start + TILE_TOKENS,", "_load_k_tile(\n            chunk_start + 0 * TILE_TOKENS,")
-    assert _failures(verify_tq.check_decode(stale, SPEC, "cpu", extra_cases=False))
-    # V a tile ahead (forced for every launch): the next tile's V loaded at this tile's tokens.
-    stale_v = _planted(sources, tmp_path, name, "_load_v_tile(\n                chunk_start + TILE_TOKENS,", "_load_v_tile(\n                chunk_start + 0 * TILE_TOKENS,")
-    stale_v.LONG_PARTITION_GROUPS = 1
-    assert _failures(verify_tq.check_decode(stale_v, SPEC, "cpu", extra_cases=False))
+    # K (and V) are loaded LOAD_AHEAD = 2 tiles ahead at d128: tile + 2's loads at tile + 1's or
+    # this tile's tokens, and tile + 1 not taking over what was loaded for it.
+    assert tq_decode.lower(SPEC, VARIANTS[name]).consts["LOAD_AHEAD"] == 2
+    for wrong in ("chunk_start + TILE_TOKENS,", "chunk_start + 0 * TILE_TOKENS,"):
+        stale = _planted(sources, tmp_path, name, "_load_k_tile(\n            chunk_start + 2 * TILE_TOKENS,", "_load_k_tile(\n            " + wrong)
+        assert _failures(verify_tq.check_decode(stale, SPEC, "cpu", extra_cases=False)), wrong
+    unmoved = _planted(sources, tmp_path, name, "= (\n            next2_k_words,", "= (\n            next_k_words,")
+    assert _failures(verify_tq.check_decode(unmoved, SPEC, "cpu", extra_cases=False))
+    # V ahead too (forced for every launch): tile + 2's V at tile + 1's tokens, and V not moved up.
+    for old, new in (("_load_v_tile(\n                chunk_start + 2 * TILE_TOKENS,", "_load_v_tile(\n                chunk_start + TILE_TOKENS,"),
+                     ("next_v_words0, next_v_words1 = next2_v_words0, next2_v_words1", "next_v_words0, next_v_words1 = next_v_words0, next_v_words1")):
+        stale_v = _planted(sources, tmp_path, name, old, new)
+        stale_v.LONG_PARTITION_GROUPS = 1
+        assert _failures(verify_tq.check_decode(stale_v, SPEC, "cpu", extra_cases=False)), new
     plan = tq_decode.lower(SPEC, VARIANTS[name])
     wrong_field = _planted(sources, tmp_path, name, plan.printed["kernel"]["v_scale"] + ")", plan.printed["kernel"]["k_norm"] + ")")
     assert _failures(verify_tq.check_decode(wrong_field, SPEC, "cpu", extra_cases=False))

@@ -12,9 +12,9 @@ In the chunked form the loads are shaped so that Triton's layouts put every byte
 the MMA operand needs it in (`_chunk_lanes`): the reduction order of QK is renumbered to the K
 loads' byte order (q is loaded in that order), and PV's rows are head_dim elements in the V
 loads' order (the store undoes it), so neither operand goes through shared memory. The loop loads
-K (as int32 words) and the per-token metadata one tile ahead, into registers, and unpacks K two
-words per call, pairing the same nibble of both words in one register: QK's reduction numbers
-those as neighbouring elements, the pairs the MMA operand holds.
+K (as int32 words) and the per-token metadata LOAD_AHEAD tiles ahead, into registers, and unpacks
+K two words per call, pairing the same nibble of both words in one register: QK's reduction
+numbers those as neighbouring elements, the pairs the MMA operand holds.
 
 Every address the kernels form is printed here from the shared lowering's sympy offsets (cache
 block stride, field offsets per slot and kv head, tensor bases), each with the int width that
@@ -94,6 +94,15 @@ CHUNKED_STAGES = 1
 # share an SM (capped at 128, 16 warps, it spills and runs at 0.93-1.01x of session 16's loop);
 # d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 16 warps fit.
 CHUNKED_MAX_REGISTERS = {2: 128, 4: 168}
+# Tiles ahead of the one computing that K, its metadata and (in long partitions) V are loaded, by K
+# words per lane. ncu of the 1-ahead d128 loop (H100, 16 x 32K, session 37): 17% of its warp stall
+# samples sit on the first QK MMA waiting for K (long scoreboard), 8% on the multiply before PV
+# waiting for a global load too, with 3.9 programs an SM resident. Two tiles ahead (lab form, H100, whole pipeline, same bits):
+# 16 x 32K 282.1 -> 240.3 us, 64 x 32K 1059.1 -> 922.5, 128 x 8K 684.5 -> 468.1. That form also
+# loaded V's two words as one 8-byte load (alone, that took 1.09-1.10x the time) at 200
+# registers; the shipped one keeps 4-byte loads and fits in 168 registers with no spill (sm_90,
+# Triton 3.6), so 6 programs still share an SM. d64 (2 words, 128 registers) was not measured ahead and keeps 1.
+CHUNKED_LOAD_AHEAD = {2: 1, 4: 2}
 K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
 K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
 V_LANES = 8  # lanes holding one token's V record
@@ -203,6 +212,7 @@ def lower_kernel(ctx):
         "TILE_TOKENS": tile,  # tokens per inner-loop tile (QK's N, PV's K)
         "NUM_WARPS": warps,  # warps per program
         "NUM_STAGES": CHUNKED_STAGES if chunked else DECODE_STAGES,  # pipeline depth of the tile loop
+        **({"LOAD_AHEAD": CHUNKED_LOAD_AHEAD[lanes["K_WORDS"]]} if chunked else {}),  # tiles whose loads are in flight
         # registers per thread, so that PROGRAMS_PER_SM programs share an SM (None: as many as the compiler wants)
         "MAX_REGISTERS": max_registers,
         # resident programs per SM at that budget: the wave the host's partition choice fills
@@ -290,9 +300,9 @@ def lower_kernel(ctx):
     loads = (
         (
             f"K: each token's {pairs} B record over {K_LANES} lanes, {lanes['K_VEC']} contiguous bytes ({lanes['K_WORDS']} int32 words) each (lane quad q holds bytes [q*{lanes['K_VEC']}, (q+1)*{lanes['K_VEC']})), {WARP_LANES // K_LANES} tokens over the other lane bits, a chunk per warp,"
-            f" loaded a tile ahead with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte);"
+            f" loaded {_tiles_ahead(consts['LOAD_AHEAD'])} with the metadata; the unpacking pairs the same nibble of two words, and QK's reduction runs over the bytes in that order (k_byte);"
             f" in long partitions a byte-pair table in shared memory ({lanes['K_PAIR_ENTRIES']} rows of {lanes['K_PAIR_ROW_BYTES']} B, a copy per lane) gives a byte's two entries in one read, and QK runs over (k_byte, nibble)."
-            f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), {WARP_LANES // V_LANES} tokens over the other lane bits, loaded at the top of its tile; PV's rows are head_dim in that order (v_elem)",
+            f" V: each record over {V_LANES} lanes of {lanes['V_WORDS']} int32 word(s), {WARP_LANES // V_LANES} tokens over the other lane bits, loaded at the top of its tile ({_tiles_ahead(consts['LOAD_AHEAD'])} in long partitions); PV's rows are head_dim in that order (v_elem)",
         )
         if chunked
         else ()
@@ -354,6 +364,10 @@ def lower_store(ctx):
         f"V: packed byte `pair` at block base + ({p['v']}) + pair; k_norm, v_scale, v_zero as fp16 at ({p['k_norm']}), ({p['v_scale']}), ({p['v_zero']})",
     )
     return KernelPart(consts=consts, proofs=(), printed=printed, mapping=mapping)
+
+
+def _tiles_ahead(n: int) -> str:
+    return "a tile ahead" if n == 1 else f"{n} tiles ahead"
 
 
 def _programs_per_sm(warps: int, max_registers: int | None) -> int:
