@@ -64,8 +64,8 @@ How to read it: if a floor form at the decode's schedule (ahead1, 2 warps) sits 
 read, the loop's work does. What the floors leave out, and what tilts them in their favour: they
 read no rotated query (QG x D bf16, 2 KB a program at d128 qg8) or codebook and write 4 bytes a
 program instead of the decode's partial outputs and softmax statistics (about 2 KB); they launch
-one kernel, not three; and they need far fewer registers than the decode (168, which holds it to
-6 programs an SM), so more of their programs are resident and more bytes are in flight (the regs
+one kernel, not three; and they need far fewer registers than the decode (200, which holds it to
+5 programs an SM), so more of their programs are resident and more bytes are in flight (the regs
 column gives each kernel's registers a thread on the GPU). The d128 and d64 variants whose decode
 loads K and V in the MMA register layout (K_VEC) are supported; the others (d256, qg16) run
 differently shaped kernels.

@@ -2,7 +2,7 @@
 
 Run from the project root on a CUDA machine:
   python benchmarks/tq_decode_schedules.py [--variant d128_qg8_bs16] [--configs 16x32768,...]
-      [--schedules 64:2:168,128:4:168,32:1:168]
+      [--schedules 64:2:200,128:4:200,32:1:200]
 A schedule is TILE_TOKENS:num_warps:maxnreg (maxnreg 0: no cap, and the module's own wave). In
 the chunked form (QG <= 8) each warp owns one 32-token chunk of a tile, so TILE_TOKENS = 32 x
 num_warps there; the default list is the shipped d128 schedule (2 warps since session 24) and
@@ -45,7 +45,7 @@ from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 from kgen.ops.tq_triton import _programs_per_sm  # noqa: E402
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-DEFAULT_SCHEDULES = "64:2:168,128:4:168,32:1:168"
+DEFAULT_SCHEDULES = "64:2:200,128:4:200,32:1:200"
 
 
 def programs_per_sm(warps: int, max_registers: int) -> int:

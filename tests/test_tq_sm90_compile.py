@@ -109,7 +109,7 @@ def test_the_pair_table_costs_no_residency_under_the_gpu_triton():
     shared memory, as many of their programs fit an SM's shared memory as its registers allow
     (PROGRAMS_PER_SM, which sizes the host's waves): one fewer cost 0.76x at 96 x 8K (H100,
     benchmarks/RESULTS.md session 35). Checked under the GPU machine's Triton: Triton 3.9 routes
-    the K operands through shared memory too (12 KB at d128), and there 5 programs fit, not 6."""
+    the K operands through shared memory too (12 KB at d128), and there fewer programs fit."""
     assert [d.name for d in Path(GPU_TRITON).glob("triton-*.dist-info")] == ["triton-3.6.0.dist-info"], GPU_TRITON
     chunked = [p for p in DECODE if "def _k_pair_table(" in p.read_text()]
     records = compile_sm90(*chunked, triton_dir=GPU_TRITON)

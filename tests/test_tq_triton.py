@@ -65,13 +65,13 @@ def test_head_dim_shapes_the_derived_numbers(sources):
         assert c["PAIRS"] == d // 2
         if variant.values["kind"] == "decode":
             # the register cap up to d128's tile of packed bytes (d256 spills under it); the
-            # chunked d128 loop holds the next tile's K in registers (168) and runs 2-warp
-            # programs of 64-token tiles, 6 an SM (H200 and H100, session 24); the rest 4 warps
+            # chunked d128 loop holds the next two tiles' K and V in registers (200) and runs 2-warp
+            # programs of 64-token tiles, 5 an SM (H200 and H100, sessions 24 and 37); the rest 4 warps
             chunked_d128 = d == 128 and c["QG"] <= 8
             assert (c["TILE_TOKENS"], c["NUM_WARPS"]) == ((64, 2) if chunked_d128 else (128, 4))
             assert c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
-            assert c["MAX_REGISTERS"] == (168 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
-            assert c["PROGRAMS_PER_SM"] == (6 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
+            assert c["MAX_REGISTERS"] == (200 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
+            assert c["PROGRAMS_PER_SM"] == (5 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
             # ... and where that is 2, 4-warp programs for launches of single-group partitions
             assert c["SHORT_CHUNKS"] == (4 if chunked_d128 else None)
             assert (f"num_warps={c['NUM_WARPS']}," if c["SHORT_CHUNKS"] is None else "num_warps=chunks,") in sources[name][1]
@@ -209,7 +209,7 @@ def test_single_group_partitions_run_programs_of_four_warps(modules, monkeypatch
     and 4 x 1K measured faster so, kgen/ops/tq_triton.py); each schedule passes the variant's
     whole check under the interpreter, both in one run."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert (mod.CHUNKS, mod.SHORT_CHUNKS, mod.SHORT_PROGRAMS_PER_SM) == (2, 4, 3)  # 65536 / (128 threads x 168)
+    assert (mod.CHUNKS, mod.SHORT_CHUNKS, mod.SHORT_PROGRAMS_PER_SM) == (2, 4, 2)  # 65536 / (128 threads x 200)
     assert not hasattr(modules["tq_decode_triton_d64_qg4_bs16"], "SHORT_CHUNKS")  # 4 warps already
     assert not hasattr(modules["tq_decode_triton_d128_qg16_bs16"], "SHORT_CHUNKS")  # the shared-tile form
     cpu = torch.device("cpu")
@@ -274,7 +274,7 @@ def test_decode_partitions_fill_half_a_wave_and_cover_the_table(modules, monkeyp
     """decode_partitions halves partition_plan's P while the halved grid still fills half a wave
     of resident programs; every choice stays a power of two that covers the table."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert mod.PROGRAMS_PER_SM == 6  # 65536 registers / (64 threads x 168)
+    assert mod.PROGRAMS_PER_SM == 5  # 65536 registers / (64 threads x 200)
     assert modules["tq_decode_triton_d64_qg4_bs16"].PROGRAMS_PER_SM == 4  # 128 registers
     assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
     cpu = torch.device("cpu")
@@ -574,7 +574,7 @@ def test_schedule_sweep_runs_programs_of_other_warp_counts_correctly(modules, mo
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    schedule = Schedule(mod, tile, warps, 168, programs_per_sm=0)
+    schedule = Schedule(mod, tile, warps, 200, programs_per_sm=0)
     kernel = JitStandIn(mod.tq_decode_triton_d128_qg8_bs16_kernel)
     monkeypatch.setattr(mod, "tq_decode_triton_d128_qg8_bs16_kernel", kernel)
     monkeypatch.setattr(mod, "tq_decode", lambda *args, **kwargs: schedule(*args, **kwargs)[0])

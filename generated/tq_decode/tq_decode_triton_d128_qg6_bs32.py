@@ -315,7 +315,7 @@ def resolve_softmax_scale(softmax_scale):
 Q_COLS = 8  # QG query heads padded to a power of two: the MMAs' N
 CHUNKS = 2  # token chunks of a tile, one per warp, each with its own softmax state
 SHORT_CHUNKS = 4  # ... in launches of single-group partitions (_launch_chunks)
-SHORT_PROGRAMS_PER_SM = 3  # programs of SHORT_CHUNKS warps resident on one SM
+SHORT_PROGRAMS_PER_SM = 2  # programs of SHORT_CHUNKS warps resident on one SM
 K_VEC = 16  # contiguous bytes of a token's K record per lane (4 lanes a token)
 K_WORDS = 4  # ... as int32 words
 STEP_PAIRS = 32  # bytes of a K record per QK step: two words in each of a token's 4 lanes
@@ -338,7 +338,7 @@ ROTATE_PROGRAMS_PER_SM = 2  # ... while its grid stays within this many programs
 ROTATE_CHUNK = 32  # rotation rows per tl.dot step
 ROTATE_STAGES = 4  # rotation chunks whose loads are in flight at once
 ROTATE_WARPS = 4  # warps per program of the rotation kernel
-PROGRAMS_PER_SM = 6  # decode programs resident on one SM at the kernel's register budget
+PROGRAMS_PER_SM = 5  # decode programs resident on one SM at the kernel's register budget
 # V levels n become fp16 without an int->float conversion (a quarter-rate instruction): the
 # fp16 bit pattern FP16_1024_BITS | n is exactly 1024 + n for 0 <= n < 1024, and subtracting
 # 1024 + V_LEVEL_MID (exact in fp16) leaves the centred level n - V_LEVEL_MID for the MMA.
@@ -1484,7 +1484,7 @@ def launch_decode_kernel(
             num_warps=chunks,
             num_stages=1,
             launch_pdl=dependent,
-            maxnreg=168,  # registers per thread, so that 12 warps share an SM (NVIDIA)
+            maxnreg=200,  # registers per thread, so that 10 warps share an SM (NVIDIA)
         ),
     )
 

@@ -90,18 +90,22 @@ CHUNKED_STAGES = 1
 # two K words per lane at a time and PV one V word at a time, so fewer unpacked values are live
 # (session 17, H200, decode kernel alone, d128 qg8 at Hk=8, lab A/B against session 16's loop:
 # 16 x 32K 314.9 -> 251.9 us, 64 x 32K 1061.4 -> 937.8, 1 x 32K 31.1 -> 26.0, 1 x 1K 9.2 -> 7.5).
-# Registers per thread by K words per lane: d128 (4 words) needs ~165, so capped at 168 12 warps
-# share an SM (capped at 128, 16 warps, it spills and runs at 0.93-1.01x of session 16's loop);
-# d64 (2 words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 16 warps fit.
-CHUNKED_MAX_REGISTERS = {2: 128, 4: 168}
+# Registers per thread by K words per lane: d128 (4 words) loading one tile ahead needed ~165, so
+# capped at 168 12 warps shared an SM (capped at 128, 16 warps, it spilled and ran at 0.93-1.01x of
+# session 16's loop); two tiles ahead it takes ~190, capped at 200 (10 warps an SM; see
+# CHUNKED_LOAD_AHEAD for why 168 is not kept). d64 (2 words) needs 128 uncapped (offline sm_90
+# compile, Triton 3.6), so 16 warps fit.
+CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # Tiles ahead of the one computing that K, its metadata and (in long partitions) V are loaded, by K
 # words per lane. ncu of the 1-ahead d128 loop (H100, 16 x 32K, session 37): 17% of its warp stall
 # samples sit on the first QK MMA waiting for K (long scoreboard), 8% on the multiply before PV
-# waiting for a global load too, with 3.9 programs an SM resident. Two tiles ahead (lab form, H100, whole pipeline, same bits):
-# 16 x 32K 282.1 -> 240.3 us, 64 x 32K 1059.1 -> 922.5, 128 x 8K 684.5 -> 468.1. That form also
-# loaded V's two words as one 8-byte load (alone, that took 1.09-1.10x the time) at 200
-# registers; the shipped one keeps 4-byte loads and fits in 168 registers with no spill (sm_90,
-# Triton 3.6), so 6 programs still share an SM. d64 (2 words, 128 registers) was not measured ahead and keeps 1.
+# waiting for a global load too, with 3.9 programs an SM resident. H100, session 37, whole
+# pipeline, d128 qg8 bs16 at Hk 8, cold L2, bitwise-equal outputs (benchmarks/logs/
+# tq_load_ahead_ab_s37_h100.log), 1 ahead at 168 registers / 2 ahead at 200: 16 x 32K 282.7 /
+# 240.8 us, 64 x 32K 1057.9 / 901.7, 128 x 8K 676.7 / 466.1, 1 x 32K 30.7 / 30.7. Two ahead
+# within 168 registers compiles without a spill (offline) but runs 322.6, 1198.8, 648.2 and 30.9;
+# three ahead at 255 registers 243.6, 931.4, 474.2 and 33.8. d64 (2 words, 128 registers) was not
+# measured ahead and keeps 1.
 CHUNKED_LOAD_AHEAD = {2: 1, 4: 2}
 K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
 K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
