@@ -65,7 +65,7 @@ def test_head_dim_shapes_the_derived_numbers(sources):
         assert c["PAIRS"] == d // 2
         if variant.values["kind"] == "decode":
             # the register cap up to d128's tile of packed bytes (d256 spills under it); the
-            # chunked d128 loop holds the next two tiles' K and V in registers (200) and runs 2-warp
+            # chunked d128 loop holds the next two tiles' loads in registers (200) and runs 2-warp
             # programs of 64-token tiles, 5 an SM (H200 and H100, sessions 24 and 37); the rest 4 warps
             chunked_d128 = d == 128 and c["QG"] <= 8
             assert (c["TILE_TOKENS"], c["NUM_WARPS"]) == ((64, 2) if chunked_d128 else (128, 4))
