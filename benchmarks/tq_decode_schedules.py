@@ -42,10 +42,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import cold_l2_us  # noqa: E402
 from tq_decode import HK, load, random_decode_inputs  # noqa: E402
 
-from kgen.ops.tq_triton import _programs_per_sm  # noqa: E402
+from kgen.ops.tq_triton import CHUNKED_MAX_REGISTERS, _programs_per_sm  # noqa: E402
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
-DEFAULT_SCHEDULES = "64:2:200,128:4:200,32:1:200"
+D128_MAX_REGISTERS = CHUNKED_MAX_REGISTERS[4]  # the chunked d128 loop's cap (4 K words a lane)
+DEFAULT_SCHEDULES = ",".join(f"{tile}:{warps}:{D128_MAX_REGISTERS}" for tile, warps in ((64, 2), (128, 4), (32, 1)))
 
 
 def programs_per_sm(warps: int, max_registers: int) -> int:

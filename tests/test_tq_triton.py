@@ -574,7 +574,8 @@ def test_schedule_sweep_runs_programs_of_other_warp_counts_correctly(modules, mo
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    schedule = Schedule(mod, tile, warps, 200, programs_per_sm=0)
+    max_registers = tq_decode.lower(SPEC, VARIANTS["tq_decode_triton_d128_qg8_bs16"]).consts["MAX_REGISTERS"]
+    schedule = Schedule(mod, tile, warps, max_registers, programs_per_sm=0)
     kernel = JitStandIn(mod.tq_decode_triton_d128_qg8_bs16_kernel)
     monkeypatch.setattr(mod, "tq_decode_triton_d128_qg8_bs16_kernel", kernel)
     monkeypatch.setattr(mod, "tq_decode", lambda *args, **kwargs: schedule(*args, **kwargs)[0])
