@@ -109,49 +109,48 @@ def main() -> None:
     if args.configs:
         grid = [tuple(int(x) for x in item.split("x")) for item in args.configs.split(",")]
     for num_seqs, ctx in grid:
-        if True:
-            blocks_per_seq = ctx // BS
-            num_blocks = num_seqs * blocks_per_seq
-            k = torch.randn(num_seqs, ctx, HK, D, device=dev, generator=g, dtype=torch.bfloat16)
-            v = torch.randn(num_seqs, ctx, HK, D, device=dev, generator=g, dtype=torch.bfloat16)
-            q = torch.randn(num_seqs, HK * QG, D, device=dev, generator=g, dtype=torch.bfloat16)
-            cache = torch.zeros(num_blocks, decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
-            block_table = torch.randperm(num_blocks, device=dev, generator=g).view(num_seqs, blocks_per_seq).int()
-            slots = (block_table.long()[:, :, None] * BS + torch.arange(BS, device=dev)).reshape(num_seqs, ctx)
-            store.tq_store(cache, k.reshape(-1, HK, D), v.reshape(-1, HK, D), slots.reshape(-1), centroids, rotation)
-            seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+        blocks_per_seq = ctx // BS
+        num_blocks = num_seqs * blocks_per_seq
+        k = torch.randn(num_seqs, ctx, HK, D, device=dev, generator=g, dtype=torch.bfloat16)
+        v = torch.randn(num_seqs, ctx, HK, D, device=dev, generator=g, dtype=torch.bfloat16)
+        q = torch.randn(num_seqs, HK * QG, D, device=dev, generator=g, dtype=torch.bfloat16)
+        cache = torch.zeros(num_blocks, decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
+        block_table = torch.randperm(num_blocks, device=dev, generator=g).view(num_seqs, blocks_per_seq).int()
+        slots = (block_table.long()[:, :, None] * BS + torch.arange(BS, device=dev)).reshape(num_seqs, ctx)
+        store.tq_store(cache, k.reshape(-1, HK, D), v.reshape(-1, HK, D), slots.reshape(-1), centroids, rotation)
+        seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
 
-            out = decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation)
-            scale = 1 / math.sqrt(D)
-            kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [num_seqs, Hk, ctx, D], contiguous copies below
-            kh, vh = kh.contiguous(), vh.contiguous()
-            exact = F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True)[:, :, 0]
-            cos = F.cosine_similarity(out.float(), exact.float(), dim=-1).mean().item()
-            q_rot = (q.float() @ rotation).bfloat16()
-            err, sq_err, sq_ref = 0.0, 0.0, 0.0
-            chunk = max(1, (1 << 18) // ctx)  # fp32 reference a few sequences at a time (64 x 32K needs >64 GB at once)
-            for s0 in range(0, num_seqs, chunk):
-                kd, vd = dequantize(cache, block_table[s0 : s0 + chunk], ctx, centroids)
-                deq = F.scaled_dot_product_attention(q_rot[s0 : s0 + chunk, :, None].float(), kd.float(), vd.float(),
-                                                     scale=scale, enable_gqa=True)[:, :, 0]
-                diff = out[s0 : s0 + chunk].float() - deq
-                err = max(err, diff.abs().max().item())
-                sq_err, sq_ref = sq_err + diff.pow(2).sum().item(), sq_ref + deq.pow(2).sum().item()
-            rel_rms = math.sqrt(sq_err / sq_ref)  # the kernel's own error, relative to the output's size
+        out = decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation)
+        scale = 1 / math.sqrt(D)
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [num_seqs, Hk, ctx, D], contiguous copies below
+        kh, vh = kh.contiguous(), vh.contiguous()
+        exact = F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True)[:, :, 0]
+        cos = F.cosine_similarity(out.float(), exact.float(), dim=-1).mean().item()
+        q_rot = (q.float() @ rotation).bfloat16()
+        err, sq_err, sq_ref = 0.0, 0.0, 0.0
+        chunk = max(1, (1 << 18) // ctx)  # fp32 reference a few sequences at a time (64 x 32K needs >64 GB at once)
+        for s0 in range(0, num_seqs, chunk):
+            kd, vd = dequantize(cache, block_table[s0 : s0 + chunk], ctx, centroids)
+            deq = F.scaled_dot_product_attention(q_rot[s0 : s0 + chunk, :, None].float(), kd.float(), vd.float(),
+                                                 scale=scale, enable_gqa=True)[:, :, 0]
+            diff = out[s0 : s0 + chunk].float() - deq
+            err = max(err, diff.abs().max().item())
+            sq_err, sq_ref = sq_err + diff.pow(2).sum().item(), sq_ref + deq.pow(2).sum().item()
+        rel_rms = math.sqrt(sq_err / sq_ref)  # the kernel's own error, relative to the output's size
 
-            ours = cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
-            ours_db = do_bench_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
-            sdpa = cold_l2_us(lambda: F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True))
-            deq_sdpa = do_bench_us(lambda: F.scaled_dot_product_attention(
-                q_rot[:, :, None], *dequantize(cache, block_table, ctx, centroids), scale=scale, enable_gqa=True))
-            ours_bytes = num_seqs * ctx * HK * OURS_BYTES_PER_TOKEN
-            bf16_bytes = num_seqs * ctx * HK * BF16_BYTES_PER_TOKEN
-            print(
-                f"{num_seqs:4d} {ctx:6d} {ours:8.1f} {ours_db:8.1f} {sdpa:8.1f} {deq_sdpa:9.1f} {sdpa / ours:7.2f}x {deq_sdpa / ours_db:6.1f}x "
-                f"{ours_bytes / ours / 1e6:7.2f}T {bandwidth_fraction(ours_bytes, ours):7.1%} {bandwidth_fraction(bf16_bytes, sdpa):7.1%} {cos:7.4f} {err:8.1e} {rel_rms:8.1e}",
-                flush=True,
-            )
-            del cache, k, v, kh, vh, kd, vd
+        ours = cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
+        ours_db = do_bench_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
+        sdpa = cold_l2_us(lambda: F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True))
+        deq_sdpa = do_bench_us(lambda: F.scaled_dot_product_attention(
+            q_rot[:, :, None], *dequantize(cache, block_table, ctx, centroids), scale=scale, enable_gqa=True))
+        ours_bytes = num_seqs * ctx * HK * OURS_BYTES_PER_TOKEN
+        bf16_bytes = num_seqs * ctx * HK * BF16_BYTES_PER_TOKEN
+        print(
+            f"{num_seqs:4d} {ctx:6d} {ours:8.1f} {ours_db:8.1f} {sdpa:8.1f} {deq_sdpa:9.1f} {sdpa / ours:7.2f}x {deq_sdpa / ours_db:6.1f}x "
+            f"{ours_bytes / ours / 1e6:7.2f}T {bandwidth_fraction(ours_bytes, ours):7.1%} {bandwidth_fraction(bf16_bytes, sdpa):7.1%} {cos:7.4f} {err:8.1e} {rel_rms:8.1e}",
+            flush=True,
+        )
+        del cache, k, v, kh, vh, kd, vd
 
     # Store kernel: per-token cost and bandwidth (reads bf16 k and v, writes the packed cache), for
     # one decode step of 64 sequences and for a 64K-token prefill.
