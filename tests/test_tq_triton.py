@@ -55,6 +55,16 @@ def test_variants_are_the_expected_ones():
     assert STORE == sorted(f"tq_store_d{d}_bs{bs}" for d in (64, 128, 256) for bs in (16, 32))
 
 
+def test_resident_programs_follow_each_scheduler_s_registers():
+    """A warp's registers come from its scheduler's quarter of the SM's 65536, in units of 256, so
+    2-warp programs at 200 registers fit 4 an SM (ncu: "Block Limit Registers 4", H100, session
+    38), not the 5 that the SM's total alone gives; 168 is the most that fits 3 warps a scheduler."""
+    from kgen.ops.tq_triton import _programs_per_sm
+
+    assert [_programs_per_sm(2, r) for r in (128, 168, 169, 200, None)] == [8, 6, 4, 4, 4]
+    assert [_programs_per_sm(4, r) for r in (128, 168, 200, None)] == [4, 3, 2, 2]
+
+
 def test_head_dim_shapes_the_derived_numbers(sources):
     """What head_dim re-derives in the Triton modules: packed bytes per record, the tile of the
     decode loop and its register cap (both measured per head dim), the store's blocks of
@@ -66,12 +76,12 @@ def test_head_dim_shapes_the_derived_numbers(sources):
         if variant.values["kind"] == "decode":
             # the register cap up to d128's tile of packed bytes (d256 spills under it); the
             # chunked d128 loop holds the next two tiles' loads in registers (200) and runs 2-warp
-            # programs of 64-token tiles, 5 an SM (H200 and H100, sessions 24 and 37); the rest 4 warps
+            # programs of 64-token tiles, 4 an SM (H200 and H100, sessions 24, 37 and 38); the rest 4 warps
             chunked_d128 = d == 128 and c["QG"] <= 8
             assert (c["TILE_TOKENS"], c["NUM_WARPS"]) == ((64, 2) if chunked_d128 else (128, 4))
             assert c["TILE_TOKENS"] * c["PAIRS"] <= 128 * 128
             assert c["MAX_REGISTERS"] == (200 if chunked_d128 else {64: 128, 128: 128, 256: None}[d])
-            assert c["PROGRAMS_PER_SM"] == (5 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
+            assert c["PROGRAMS_PER_SM"] == (4 if chunked_d128 else {128: 4, None: 2}[c["MAX_REGISTERS"]])
             # ... and where that is 2, 4-warp programs for launches of single-group partitions
             assert c["SHORT_CHUNKS"] == (4 if chunked_d128 else None)
             assert (f"num_warps={c['NUM_WARPS']}," if c["SHORT_CHUNKS"] is None else "num_warps=chunks,") in sources[name][1]
@@ -209,7 +219,7 @@ def test_single_group_partitions_run_programs_of_four_warps(modules, monkeypatch
     and 4 x 1K measured faster so, kgen/ops/tq_triton.py); each schedule passes the variant's
     whole check under the interpreter, both in one run."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert (mod.CHUNKS, mod.SHORT_CHUNKS, mod.SHORT_PROGRAMS_PER_SM) == (2, 4, 2)  # 65536 / (128 threads x 200)
+    assert (mod.CHUNKS, mod.SHORT_CHUNKS, mod.SHORT_PROGRAMS_PER_SM) == (2, 4, 2)  # 2 warps of 200 registers a scheduler
     assert not hasattr(modules["tq_decode_triton_d64_qg4_bs16"], "SHORT_CHUNKS")  # 4 warps already
     assert not hasattr(modules["tq_decode_triton_d128_qg16_bs16"], "SHORT_CHUNKS")  # the shared-tile form
     cpu = torch.device("cpu")
@@ -274,7 +284,7 @@ def test_decode_partitions_fill_half_a_wave_and_cover_the_table(modules, monkeyp
     """decode_partitions halves partition_plan's P while the halved grid still fills half a wave
     of resident programs; every choice stays a power of two that covers the table."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
-    assert mod.PROGRAMS_PER_SM == 5  # 65536 registers / (64 threads x 200)
+    assert mod.PROGRAMS_PER_SM == 4  # 2 warps of 200 registers in each scheduler's 16384
     assert modules["tq_decode_triton_d64_qg4_bs16"].PROGRAMS_PER_SM == 4  # 128 registers
     assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
     cpu = torch.device("cpu")

@@ -338,7 +338,7 @@ ROTATE_PROGRAMS_PER_SM = 2  # ... while its grid stays within this many programs
 ROTATE_CHUNK = 32  # rotation rows per tl.dot step
 ROTATE_STAGES = 4  # rotation chunks whose loads are in flight at once
 ROTATE_WARPS = 4  # warps per program of the rotation kernel
-PROGRAMS_PER_SM = 5  # decode programs resident on one SM at the kernel's register budget
+PROGRAMS_PER_SM = 4  # decode programs resident on one SM at the kernel's register budget
 # V levels n become fp16 without an int->float conversion (a quarter-rate instruction): the
 # fp16 bit pattern FP16_1024_BITS | n is exactly 1024 + n for 0 <= n < 1024, and subtracting
 # 1024 + V_LEVEL_MID (exact in fp16) leaves the centred level n - V_LEVEL_MID for the MMA.
@@ -1482,7 +1482,7 @@ def launch_decode_kernel(
             num_warps=chunks,
             num_stages=1,
             launch_pdl=dependent,
-            maxnreg=200,  # registers per thread, so that 10 warps share an SM (NVIDIA)
+            maxnreg=200,  # registers per thread, so that 8 warps share an SM (NVIDIA)
         ),
     )
 

@@ -92,8 +92,8 @@ CHUNKED_STAGES = 1
 # 16 x 32K 314.9 -> 251.9 us, 64 x 32K 1061.4 -> 937.8, 1 x 32K 31.1 -> 26.0, 1 x 1K 9.2 -> 7.5).
 # Registers per thread by K words per lane: d128 (4 words) loading one tile ahead needed ~165, so
 # capped at 168 12 warps shared an SM (capped at 128, 16 warps, it spilled and ran at 0.93-1.01x of
-# session 16's loop); two tiles ahead it takes ~190, capped at 200 (10 warps an SM; see
-# CHUNKED_LOAD_AHEAD for why 168 is not kept). d64 (2 words) needs 128 uncapped (offline sm_90
+# session 16's loop); two tiles ahead it takes ~190, capped at 200 (8 warps an SM, 2 a scheduler:
+# any cap from 171 to 255 gives that; see CHUNKED_LOAD_AHEAD for why 168 is not kept). d64 (2 words) needs 128 uncapped (offline sm_90
 # compile, Triton 3.6), so 16 warps fit.
 CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # Tiles ahead of the one computing that K, its metadata and (in long partitions) V are loaded, by K
@@ -104,8 +104,11 @@ CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # tq_load_ahead_ab_s37_h100.log), 1 ahead at 168 registers / 2 ahead at 200: 16 x 32K 282.7 /
 # 240.8 us, 64 x 32K 1057.9 / 901.7, 128 x 8K 676.7 / 466.1, 1 x 32K 30.7 / 30.7. Two ahead
 # within 168 registers compiles without a spill (offline) but runs 322.6, 1198.8, 648.2 and 30.9;
-# three ahead at 255 registers 243.6, 931.4, 474.2 and 33.8. d64 (2 words, 128 registers) was not
-# measured ahead and keeps 1.
+# three ahead at 255 registers 243.6, 931.4, 474.2 and 33.8 (the same 4 programs an SM as at 200).
+# d64 (2 words) keeps 1: two ahead measured 0.94-0.98x within its 128 registers (2 spills in one
+# of its launches) and 0.75-1.00x at 168 (3 programs an SM, not 4); H100, session 38, d64 qg4 bs16,
+# 16 x 32K / 64 x 32K / 128 x 8K / 1 x 32K, one ahead: 159.1 / 590.1 / 307.3 / 22.3 us
+# (benchmarks/logs/tq_d64_ahead_ab_s38_h100.log).
 CHUNKED_LOAD_AHEAD = {2: 1, 4: 2}
 K_WORDS_PER_STEP = 2  # K words per lane unpacked at a time: the unpacking pairs two words per call
 K_LANES = 4  # lanes holding one token's K record: the 4 lanes of an MMA operand row
@@ -128,6 +131,17 @@ SHARED_BYTES_RESERVED = 1024  # ... that the driver keeps per resident program (
 DECODE_MAX_REGISTERS = 128
 REGISTER_CAP_PACKED_BYTES = 128 * 64  # tile tokens x packed bytes per token, the d128 tile
 REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (sm_80, sm_90)
+# The register file is split between the SM's warp schedulers: a warp takes its registers from its
+# own scheduler's quarter, rounded up to whole allocation units. So 2-warp programs capped at 200
+# registers fit 4 an SM, not the 5 that 65536 / (64 x 200) suggests: 6400 registers a warp leave
+# room for 2 warps in a quarter's 16384, not 2.5 (ncu, H100, session 38: "Block Limit Registers 4",
+# 7.7 warps an SM achieved at 16 x 32K). The host's waves follow: with 4, not 5, decode_partitions
+# halves P for grids of 528 to 659 programs, which had run in 1.0-1.25 waves. H100, d128 qg8 bs16,
+# Hk 8, whole pipeline (benchmarks/logs/tq_wave4_ab_s38_h100.log), 5 / 4 an SM: 5 x 32K 121.2 /
+# 115.9 us, 10 x 32K 223.3 / 210.8, 40 x 8K 228.5 / 211.8, 9 x 32K 201.4 / 211.0, 36 x 8K 205.4 /
+# 210.1, 16 x 32K (unchanged P) 239.9 / 240.0.
+SM_SUBPARTITIONS = 4
+REGISTER_ALLOCATION_UNIT = 256  # registers a warp's allocation is rounded up to a multiple of
 MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
 # q . rotation for every query row in one launch (instead of torch's cast, GEMM and cast): 16 rows
 # per program in 4 warps, the rotation streamed 32 rows at a time through a tf32x3 tl.dot (fp32-accurate).
@@ -376,8 +390,12 @@ def _tiles_ahead(n: int) -> str:
 
 def _programs_per_sm(warps: int, max_registers: int | None) -> int:
     """Programs of `warps` warps an SM holds at once when each thread may take max_registers
-    registers (None: the most a thread can take): one wave is the SM count times this."""
-    return REGISTERS_PER_SM // (WARP_LANES * warps * (max_registers or MAX_THREAD_REGISTERS))
+    registers (None: the most a thread can take): one wave is the SM count times this. The
+    registers bound it, per warp scheduler (SM_SUBPARTITIONS)."""
+    per_thread = max_registers or MAX_THREAD_REGISTERS
+    per_warp = -(-WARP_LANES * per_thread // REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    warps_per_scheduler = REGISTERS_PER_SM // SM_SUBPARTITIONS // per_warp
+    return SM_SUBPARTITIONS * warps_per_scheduler // warps
 
 
 class _Printer:
