@@ -93,8 +93,8 @@ CHUNKED_STAGES = 1
 # Registers per thread by K words per lane: d128 (4 words) loading one tile ahead needed ~165, so
 # capped at 168 12 warps shared an SM (capped at 128, 16 warps, it spilled and ran at 0.93-1.01x of
 # session 16's loop); two tiles ahead it takes ~190, capped at 200 (8 warps an SM, 2 a scheduler:
-# any cap from 171 to 255 gives that; see CHUNKED_LOAD_AHEAD for why 168 is not kept). d64 (2 words) needs 128 uncapped (offline sm_90
-# compile, Triton 3.6), so 16 warps fit.
+# any cap from 169 to 255 gives that; see CHUNKED_LOAD_AHEAD for why 168 is not kept). d64 (2
+# words) needs 128 uncapped (offline sm_90 compile, Triton 3.6), so 16 warps fit.
 CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # Tiles ahead of the one computing that K, its metadata and (in long partitions) V are loaded, by K
 # words per lane. ncu of the 1-ahead d128 loop (H100, 16 x 32K, session 37): 17% of its warp stall
