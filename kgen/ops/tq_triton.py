@@ -105,6 +105,9 @@ CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # 240.8 us, 64 x 32K 1057.9 / 901.7, 128 x 8K 676.7 / 466.1, 1 x 32K 30.7 / 30.7. Two ahead
 # within 168 registers compiles without a spill (offline) but runs 322.6, 1198.8, 648.2 and 30.9;
 # three ahead at 255 registers 243.6, 931.4, 474.2 and 33.8 (the same 4 programs an SM as at 200).
+# Not yet handled: where decode_partitions leaves a grid at 0.55-0.61 of the two-ahead wave (5-10
+# x 32K, 40 x 8K), one ahead at 168 registers (6 an SM, its grid twice as wide) is 1.11-1.16x
+# faster (H100, session 38, benchmarks/RESULTS.md "Mid-size batches").
 # d64 (2 words) keeps 1: two ahead measured 0.94-0.98x within its 128 registers (2 spills in one
 # of its launches) and 0.75-1.00x at 168 (3 programs an SM, not 4); H100, session 38, d64 qg4 bs16,
 # 16 x 32K / 64 x 32K / 128 x 8K / 1 x 32K, one ahead: 159.1 / 590.1 / 307.3 / 22.3 us
