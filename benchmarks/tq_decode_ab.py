@@ -14,7 +14,6 @@ spills as compiled.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -34,13 +33,6 @@ from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E4
 ROUNDS = 3
 
 
-def load_path(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def decode_registers(module) -> list[tuple[int, int]]:
     """(registers, spills) of each decode kernel the module has compiled so far."""
     binaries = [binary for key, (binary, _) in module._COMPILED.items() if "decode" in key[0].fn.__name__]
@@ -54,7 +46,7 @@ def main() -> None:
     parser.add_argument("modules", nargs="+", help="the base module's path, then the others'")
     args = parser.parse_args()
     bench.use_variant(args.variant)
-    modules = [load_path(path) for path in args.modules]
+    modules = [bench.load(Path(path).stem, Path(path).read_text(), tag="ab") for path in args.modules]
     names = ["base"] + [Path(path).stem for path in args.modules[1:]]
     store = bench.load(f"tq_store_d{bench.D}_bs{bench.BS}")
     dev = "cuda"
