@@ -17,6 +17,10 @@ COPY_CEILING_TBPS = 4.29  # measured device-to-device copy, read + write, H200 (
 
 def _graph_time_us(fn, copies: int, replays: int) -> float:
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    # The warm-up runs on a side stream, which does not wait for the caller's: without this, fn
+    # could read inputs the caller's stream has not finished writing (a block table still being
+    # filled gave an illegal address in a session 39 sweep).
+    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm up outside capture (allocations, autotuning, compilation)
