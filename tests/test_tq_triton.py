@@ -280,35 +280,55 @@ def test_host_checks_of_the_shared_code(modules):
     assert len(results) == 4 and not _failures(results), _failures(results)
 
 
-def test_decode_partitions_fill_half_a_wave_and_cover_the_table(modules, monkeypatch):
-    """decode_partitions halves partition_plan's P while the halved grid still fills half a wave
-    of resident programs; every choice stays a power of two that covers the table."""
+def _fewest_waves_then_most_partitions(width, heads, resident, mod):
+    """decode_partitions' rule by brute force over every partition count: the fewest waves that
+    some count fills to ONE_WAVE_FILL (one wave) or WAVE_FILL, else the finest split; then the most
+    partitions within those waves."""
+    groups = max(1, -(-width * mod.BS // mod.GROUP))
+    most, _ = mod.partition_plan(width)
+    splits = {-(-groups // -(-groups // p)) for p in range(1, most + 1)}  # no partition left empty
+    waves = {p: -(-heads * p // resident) for p in splits}
+    passing = [p for p in splits
+               if heads * p >= (mod.ONE_WAVE_FILL if waves[p] == 1 else mod.WAVE_FILL) * waves[p] * resident]
+    fewest = min(waves[p] for p in passing) if passing else waves[max(splits)]
+    return max(p for p in splits if waves[p] <= fewest)
+
+
+def test_decode_partitions_fill_waves_and_cover_the_table(modules, monkeypatch):
+    """decode_partitions takes the fewest waves of resident programs its grid fills well, and the
+    most partitions those waves hold; every split covers the table with no empty partition."""
     mod = modules["tq_decode_triton_d128_qg8_bs16"]
     assert mod.PROGRAMS_PER_SM == 4  # 2 warps of 200 registers in each scheduler's 16384
     assert modules["tq_decode_triton_d64_qg4_bs16"].PROGRAMS_PER_SM == 4  # 128 registers
     assert modules["tq_decode_triton_d256_qg4_bs16"].PROGRAMS_PER_SM == 2  # uncapped: up to 255 registers
     cpu = torch.device("cpu")
-    assert mod.decode_partitions(2048, 1, 8, cpu) == mod.partition_plan(2048)  # no coarsening off the GPU
-    for resident in (4, 24, 528):
+    assert mod.decode_partitions(2048, 1, 8, cpu) == mod.partition_plan(2048)  # no waves off the GPU
+    # The choices measured on an H100 (132 SMs x 4 programs), session 39: (num_seqs, context) -> P
+    monkeypatch.setattr(mod, "_resident_programs", lambda device: 528)
+    measured = {(1, 32768): 64, (3, 32768): 22, (5, 32768): 13, (9, 32768): 7, (12, 32768): 5,
+                (16, 32768): 4, (64, 32768): 1, (16, 8192): 4, (20, 8192): 3, (24, 8192): 2,
+                (36, 8192): 5, (40, 8192): 3, (72, 8192): 4, (128, 8192): 1, (1, 1024): 4}
+    for (seqs, ctx), expected in measured.items():
+        assert mod.decode_partitions(ctx // mod.BS, seqs, 8, cpu)[0] == expected, (seqs, ctx)
+    for resident in (4, 24, 396, 528):
         monkeypatch.setattr(mod, "_resident_programs", lambda device, r=resident: r)
         for width in (0, 1, 15, 16, 17, 64, 511, 512, 2048, 2049, 16384):
             shared_p, _ = mod.partition_plan(width)
-            for seqs, heads in ((1, 1), (1, 8), (3, 2), (16, 8), (64, 8), (1024, 64)):
+            groups = max(1, -(-width * mod.BS // mod.GROUP))
+            for seqs, heads in ((1, 1), (1, 8), (3, 2), (5, 8), (16, 8), (40, 8), (64, 8), (1024, 64)):
                 p, tgpp = mod.decode_partitions(width, seqs, heads, cpu)
-                assert p & (p - 1) == 0 and 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS
-                if p < shared_p:  # coarsened: still half a wave, and half of it would not be
-                    assert 2 * seqs * heads * p >= resident and (p == 1 or 2 * seqs * heads * (p // 2) < resident)
-                else:
-                    assert p == 1 or 2 * seqs * heads * (p // 2) < resident
+                assert 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS
+                assert (p - 1) * tgpp < groups  # the last partition holds tokens
+                assert p == _fewest_waves_then_most_partitions(width, seqs * heads, resident, mod)
 
 
 def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch):
-    """The GPU's choice of fewer, longer partitions (several tile groups per program), forced here
-    under the interpreter by a small wave."""
+    """The GPU's choice of fewer, longer partitions (several tile groups per program, any count),
+    forced here under the interpreter by a small wave."""
     mod = modules["tq_decode_triton_d128_qg7_bs32"]
     monkeypatch.setattr(mod, "_resident_programs", lambda device: 6)
     # the spec's first case (6 sequences, 2 kv heads, a 24-block table) now runs in 1 partition, not 4
-    assert mod.decode_partitions(24, 6, 2, torch.device("cpu")) == (1, 4) and mod.partition_plan(24)[0] == 4
+    assert mod.decode_partitions(24, 6, 2, torch.device("cpu")) == (1, 3) and mod.partition_plan(24)[0] == 4
     # A single partition is written straight into the output; only P > 1 runs the merge.
     decoded, merged = [], []
     launch, merge = mod.launch_decode_kernel, mod.merge_partitions
@@ -317,6 +337,7 @@ def test_decode_with_coarsened_partitions_matches_reference(modules, monkeypatch
     results = verify_tq.check_decode(mod, SPEC, "cpu")
     assert not _failures(results), _failures(results)
     assert 1 in decoded and merged == [p for p in decoded if p > 1], (decoded, merged)
+    assert any(p & (p - 1) for p in merged), decoded  # a count that is not a power of two, merged
 
 
 @pytest.mark.parametrize("name", ["tq_decode_triton_d128_qg8_bs16", "tq_decode_triton_d64_qg4_bs32"])

@@ -105,9 +105,11 @@ CHUNKED_MAX_REGISTERS = {2: 128, 4: 200}
 # 240.8 us, 64 x 32K 1057.9 / 901.7, 128 x 8K 676.7 / 466.1, 1 x 32K 30.7 / 30.7. Two ahead
 # within 168 registers compiles without a spill (offline) but runs 322.6, 1198.8, 648.2 and 30.9;
 # three ahead at 255 registers 243.6, 931.4, 474.2 and 33.8 (the same 4 programs an SM as at 200).
-# Not yet handled: where decode_partitions leaves a grid at 0.55-0.61 of the two-ahead wave (5-10
-# x 32K, 40 x 8K), one ahead at 168 registers (6 an SM, its grid twice as wide) is 1.11-1.16x
-# faster (H100, session 38, benchmarks/RESULTS.md "Mid-size batches").
+# At mid-size batches whose power-of-two partitions left the two-ahead grid at 0.55-0.61 of its
+# wave (5-10 x 32K, 40 x 8K), one ahead at 168 registers (6 an SM) was 1.11-1.16x faster (H100,
+# session 38). With partition counts that fill the wave (decode_partitions, session 39) two ahead
+# is 1.05-1.20x faster than that one-ahead form at its power-of-two counts (5 x 32K 89.0 / 104.4
+# us, 9 x 32K 150.0 / 180.5, 10 x 32K 166.7 / 185.9, 40 x 8K 177.3 / 186.6), so it stays.
 # d64 (2 words) keeps 1: two ahead measured 0.94-0.98x within its 128 registers (2 spills in one
 # of its launches) and 0.75-1.00x at 168 (3 programs an SM, not 4); H100, session 38, d64 qg4 bs16,
 # 16 x 32K / 64 x 32K / 128 x 8K / 1 x 32K, one ahead: 159.1 / 590.1 / 307.3 / 22.3 us
@@ -138,8 +140,8 @@ REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (sm_80, sm_90)
 # own scheduler's quarter, rounded up to whole allocation units. So 2-warp programs capped at 200
 # registers fit 4 an SM, not the 5 that 65536 / (64 x 200) suggests: 6400 registers a warp leave
 # room for 2 warps in a quarter's 16384, not 2.5 (ncu, H100, session 38: "Block Limit Registers 4",
-# 7.7 warps an SM achieved at 16 x 32K). The host's waves follow: with 4, not 5, decode_partitions
-# halves P for grids of 528 to 659 programs, which had run in 1.0-1.25 waves. H100, d128 qg8 bs16,
+# 7.7 warps an SM achieved at 16 x 32K). The host's waves follow: with 4, not 5, session 38's
+# decode_partitions halved P for grids of 528 to 659 programs, which had run in 1.0-1.25 waves. H100, d128 qg8 bs16,
 # Hk 8, whole pipeline (benchmarks/logs/tq_wave4_ab_s38_h100.log), 5 / 4 an SM: 5 x 32K 121.2 /
 # 115.9 us, 10 x 32K 223.3 / 210.8, 40 x 8K 228.5 / 211.8, 9 x 32K 201.4 / 211.0, 36 x 8K 205.4 /
 # 210.1, 16 x 32K (unchanged P) 239.9 / 240.0.
