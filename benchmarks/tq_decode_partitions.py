@@ -30,7 +30,7 @@ for num_seqs, ctx in (tuple(int(x) for x in c.split("x")) for c in sys.argv[2].s
     nb = ctx // bs
     q, cache, table, sl = random_decode_inputs(dec, store, num_seqs, ctx, g, cent, rot)
     base = dec.tq_decode(q, cache, table, sl, cent, rot)
-    groups = max(1, -(-nb * bs // dec.GROUP))
+    groups = dec.table_groups(nb)
     shipped_p = dec.decode_partitions(nb, num_seqs, HK, q.device)[0]
     print(f"== {variant} {num_seqs} x {ctx}: shipped P = {shipped_p} (partition_plan: {dec.partition_plan(nb)[0]}), {groups} groups", flush=True)
     counts = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1, 2, 4, 8, 16, 32, 64]

@@ -103,7 +103,7 @@ def summarize(trace: torch.Tensor, num_seqs: int, num_partitions: int, num_sms: 
 
 def default_splits(decode, num_seqs: int, max_blocks: int, device) -> list[tuple[int, int]]:
     shipped = decode.decode_partitions(max_blocks, num_seqs, HK, device)
-    groups = -(-max_blocks * decode.BS // decode.GROUP)
+    groups = decode.table_groups(max_blocks)
     wave = decode._resident_programs(device)
     fill = max(1, min(groups, wave // (num_seqs * HK)))
     balanced = (fill, -(-groups // fill))

@@ -284,7 +284,7 @@ def _fewest_waves_then_most_partitions(width, heads, resident, mod):
     """decode_partitions' rule by brute force over every partition count: the fewest waves that
     some count fills to ONE_WAVE_FILL (one wave) or WAVE_FILL, else the finest split; then the most
     partitions within those waves."""
-    groups = max(1, -(-width * mod.BS // mod.GROUP))
+    groups = mod.table_groups(width)
     most, _ = mod.partition_plan(width)
     splits = {-(-groups // -(-groups // p)) for p in range(1, most + 1)}  # no partition left empty
     waves = {p: -(-heads * p // resident) for p in splits}
@@ -314,7 +314,7 @@ def test_decode_partitions_fill_waves_and_cover_the_table(modules, monkeypatch):
         monkeypatch.setattr(mod, "_resident_programs", lambda device, r=resident: r)
         for width in (0, 1, 15, 16, 17, 64, 511, 512, 2048, 2049, 16384):
             shared_p, _ = mod.partition_plan(width)
-            groups = max(1, -(-width * mod.BS // mod.GROUP))
+            groups = mod.table_groups(width)
             for seqs, heads in ((1, 1), (1, 8), (3, 2), (5, 8), (16, 8), (40, 8), (64, 8), (1024, 64)):
                 p, tgpp = mod.decode_partitions(width, seqs, heads, cpu)
                 assert 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS

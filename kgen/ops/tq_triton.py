@@ -141,10 +141,10 @@ REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (sm_80, sm_90)
 # registers fit 4 an SM, not the 5 that 65536 / (64 x 200) suggests: 6400 registers a warp leave
 # room for 2 warps in a quarter's 16384, not 2.5 (ncu, H100, session 38: "Block Limit Registers 4",
 # 7.7 warps an SM achieved at 16 x 32K). The host's waves follow: with 4, not 5, session 38's
-# decode_partitions halved P for grids of 528 to 659 programs, which had run in 1.0-1.25 waves. H100, d128 qg8 bs16,
-# Hk 8, whole pipeline (benchmarks/logs/tq_wave4_ab_s38_h100.log), 5 / 4 an SM: 5 x 32K 121.2 /
-# 115.9 us, 10 x 32K 223.3 / 210.8, 40 x 8K 228.5 / 211.8, 9 x 32K 201.4 / 211.0, 36 x 8K 205.4 /
-# 210.1, 16 x 32K (unchanged P) 239.9 / 240.0.
+# decode_partitions halved P for grids of 528 to 659 programs, which had run in 1.0-1.25 waves.
+# H100, d128 qg8 bs16, Hk 8, whole pipeline (benchmarks/logs/tq_wave4_ab_s38_h100.log), 5 / 4 an
+# SM: 5 x 32K 121.2 / 115.9 us, 10 x 32K 223.3 / 210.8, 40 x 8K 228.5 / 211.8, 9 x 32K 201.4 /
+# 211.0, 36 x 8K 205.4 / 210.1, 16 x 32K (unchanged P) 239.9 / 240.0.
 SM_SUBPARTITIONS = 4
 REGISTER_ALLOCATION_UNIT = 256  # registers a warp's allocation is rounded up to a multiple of
 MAX_THREAD_REGISTERS = 255  # what an uncapped thread may take
