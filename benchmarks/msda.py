@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing import bandwidth_fraction, cold_l2_us, do_bench_us  # noqa: E402
+from timing import bandwidth_fraction, cold_l2_median_us, do_bench_us  # noqa: E402
 
 from kgen.reference.msda import msda_forward_grid_sample  # noqa: E402
 from kgen.verify.msda import local_locations  # noqa: E402
@@ -157,10 +157,11 @@ def deformops_peers():
 
 
 def timed(fn, graph_ok: bool) -> tuple[float, str]:
-    """Cold-L2 device time when fn can be graph-captured, else do_bench (marked *)."""
+    """Cold-L2 device time (median of 3 readings) when fn can be graph-captured, else do_bench
+    (marked *)."""
     if graph_ok:
         try:
-            return cold_l2_us(fn), ""
+            return cold_l2_median_us(fn), ""
         except Exception:  # noqa: BLE001 - a peer that syncs or allocates on the host
             torch.cuda.synchronize()
     return do_bench_us(fn), "*"
@@ -352,7 +353,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}, date {time.strftime('%Y-%m-%d')}")
-    print("us: device time with a cold L2 (CUDA graph), or do_bench's median where marked * (no capture);"
+    print("us: device time with a cold L2 (CUDA graph, median of 3 readings), or do_bench's median where marked * (no capture);"
           " of copy: forward bytes that must move / time over 4.29 TB/s; ratio: fastest peer / ours")
     if args.shapes:
         for shape in args.shapes:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing import bandwidth_fraction, cold_l2_us, do_bench_us  # noqa: E402
+from timing import bandwidth_fraction, cold_l2_median_us, do_bench_us  # noqa: E402
 
 from kgen.reference.tq import hadamard_rotation, lloyd_max_centroids  # noqa: E402
 
@@ -101,7 +101,7 @@ def main() -> None:
     rotation = hadamard_rotation(D).to(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}")
     print(f"variant d{D}_qg{QG}_bs{BS}, Hk = {HK}")
-    print("us: device time with a cold L2; ratio = peer / ours; BW: bytes that must move / time, and its fraction of 4.29 TB/s")
+    print("us: device time with a cold L2 (median of 3 readings); ratio = peer / ours; BW: bytes that must move / time, and its fraction of 4.29 TB/s")
     print(f"{'seqs':>4s} {'ctx':>6s} {'ours us':>8s} {'ours db':>8s} {'sdpa us':>8s} {'deq+sdpa':>9s} {'vs sdpa':>8s} {'vs deq':>7s} {'ours BW':>8s} {'of copy':>8s} {'sdpa BW%':>8s} {'cos':>7s} {'maxerr':>8s} {'relrms':>8s}")
     seqs_list = [1, 16] if args.quick else [1, 16, 64]
     ctx_list = [1024, 8192] if args.quick else [1024, 8192, 32768]
@@ -138,9 +138,9 @@ def main() -> None:
             sq_err, sq_ref = sq_err + diff.pow(2).sum().item(), sq_ref + deq.pow(2).sum().item()
         rel_rms = math.sqrt(sq_err / sq_ref)  # the kernel's own error, relative to the output's size
 
-        ours = cold_l2_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
+        ours = cold_l2_median_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
         ours_db = do_bench_us(lambda: decode.tq_decode(q, cache, block_table, seq_lens, centroids, rotation))
-        sdpa = cold_l2_us(lambda: F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True))
+        sdpa = cold_l2_median_us(lambda: F.scaled_dot_product_attention(q[:, :, None], kh, vh, scale=scale, enable_gqa=True))
         deq_sdpa = do_bench_us(lambda: F.scaled_dot_product_attention(
             q_rot[:, :, None], *dequantize(cache, block_table, ctx, centroids), scale=scale, enable_gqa=True))
         ours_bytes = num_seqs * ctx * HK * OURS_BYTES_PER_TOKEN
@@ -159,7 +159,7 @@ def main() -> None:
         v = torch.randn(tokens, HK, D, device=dev, dtype=torch.bfloat16)
         cache = torch.zeros(max(tokens // BS, 1024), decode.cache_block_bytes(HK), dtype=torch.uint8, device=dev)
         slots = torch.randperm(cache.shape[0] * BS, device=dev)[:tokens]
-        us = cold_l2_us(lambda: store.tq_store(cache, k, v, slots, centroids, rotation))
+        us = cold_l2_median_us(lambda: store.tq_store(cache, k, v, slots, centroids, rotation))
         moved = tokens * HK * (2 * D * 2 + OURS_BYTES_PER_TOKEN) + tokens * 8
         print(f"store: {tokens} tokens x {HK} kv heads in {us:.1f} us = {us * 1e3 / tokens:.2f} ns/token, "
               f"{moved / us / 1e6:.2f} TB/s ({bandwidth_fraction(moved, us):.1%} of copy)")
