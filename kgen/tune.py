@@ -374,9 +374,9 @@ def cold_l2_us(fn: Callable[[], Any], copies: int = 20, replays: int = 15) -> fl
 
 def cold_l2_median_us(fn: Callable[[], Any], rounds: int = 3) -> float:
     """Median of `rounds` cold_l2_us readings: what `kgen tune` and the benchmarks report. The
-    first reading after a reference check can run slow: a TQ decode read right after
-    benchmarks/tq_decode.py's fp32 reference took 178.2 us twice (also after a 1 s pause), the
-    readings after it 149.3-150.6 (H100, session 40, benchmarks/RESULTS.md)."""
+    first reading after a reference check can run slow: the first ~80 ms of replays of the first
+    graph captured after benchmarks/tq_decode.py's fp32 reference took a TQ decode 177-178 us a
+    call, the readings after it 149-151 (H100, session 40, benchmarks/RESULTS.md)."""
     return statistics.median(cold_l2_us(fn) for _ in range(rounds))
 
 
