@@ -280,11 +280,18 @@ def test_host_checks_of_the_shared_code(modules):
     assert len(results) == 4 and not _failures(results), _failures(results)
 
 
+def _groups_spanned(width, mod):
+    """GROUP-token groups a table of `width` blocks spans, at least 1: counted here, not by the
+    module's table_groups, so the oracle below does not share what it checks."""
+    tokens = width * mod.BS
+    return max(1, (tokens + mod.GROUP - 1) // mod.GROUP)
+
+
 def _fewest_waves_then_most_partitions(width, heads, resident, mod):
     """decode_partitions' rule by brute force over every partition count: the fewest waves that
     some count fills to ONE_WAVE_FILL (one wave) or WAVE_FILL, else the finest split; then the most
     partitions within those waves."""
-    groups = mod.table_groups(width)
+    groups = _groups_spanned(width, mod)
     most, _ = mod.partition_plan(width)
     splits = {-(-groups // -(-groups // p)) for p in range(1, most + 1)}  # no partition left empty
     waves = {p: -(-heads * p // resident) for p in splits}
@@ -314,7 +321,8 @@ def test_decode_partitions_fill_waves_and_cover_the_table(modules, monkeypatch):
         monkeypatch.setattr(mod, "_resident_programs", lambda device, r=resident: r)
         for width in (0, 1, 15, 16, 17, 64, 511, 512, 2048, 2049, 16384):
             shared_p, _ = mod.partition_plan(width)
-            groups = mod.table_groups(width)
+            groups = _groups_spanned(width, mod)
+            assert mod.table_groups(width) == groups
             for seqs, heads in ((1, 1), (1, 8), (3, 2), (5, 8), (16, 8), (40, 8), (64, 8), (1024, 64)):
                 p, tgpp = mod.decode_partitions(width, seqs, heads, cpu)
                 assert 1 <= p <= shared_p and p * tgpp * mod.GROUP >= width * mod.BS
