@@ -3,7 +3,7 @@
 # spec sha256:      6be02c9ce210f796119f08fda33f46c9dd4ee9e4d04f53bb92baa40fdd1df5e2
 # templates sha256: 8163e73b48e033bb596a6758a54ef0c061195711a704bcc2264669d98d052804
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    6dcc7339e5777f40bd436c8fd64a5bcfdeeb8bab06b2002d8b05619a294a4806 (msda.tuning.json, beside the spec)
+# tuning sha256:    231cd00bc0149ca3e1871d74e855f631b7ebdfd06b4c509c04ef6d3f19c7b961 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 33822867680 (2^35.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
@@ -83,14 +83,14 @@ POINTS = 4
 BLOCK_D = 32
 # Launch schedules by size class: a call takes the first class whose max B*Q is None or at least
 # its B*Q (host-side sizes only: no device sync, no per-call tuning).
-# (class, max B*Q, forward (BLOCK_Q, num_warps, num_stages, points per step of the point loop,
-# locations words), backward (BLOCK_Q, num_warps, num_stages, samples per tile step, samples per
-# loop trip), the dtype grad_value accumulates in)
+# (class, max B*Q, forward (BLOCK_Q, num_warps, num_stages, points per step of the point loop),
+# backward (BLOCK_Q, num_warps, num_stages, samples per tile step, samples per loop trip), the
+# dtype grad_value accumulates in)
 SCHEDULES = (
     # decoder: forward tuned on NVIDIA H100 80GB HBM3 and backward tuned on NVIDIA H200; grad_value: native
-    ("decoder", 8192, (16, 4, 1, 4, True), (16, 4, 1, 4, 16), torch.bfloat16),
-    # encoder: forward tuned on NVIDIA H100 80GB HBM3 and backward tuned on NVIDIA H200; grad_value: fp32
-    ("encoder", None, (32, 4, 1, 4, False), (16, 8, 1, 8, 8), torch.float32),
+    ("decoder", 8192, (16, 4, 1, 4), (16, 4, 1, 4, 16), torch.bfloat16),
+    # encoder: forward and backward tuned on NVIDIA H200; grad_value: fp32
+    ("encoder", None, (32, 4, 1, 4), (16, 8, 1, 8, 8), torch.float32),
 )
 # Run-time sizes the index arithmetic was proven for (int32 vs int64 per address).
 MAX_SIZES = {
@@ -173,7 +173,6 @@ def _msda_fwd_bf16_m8_d32_l4_k4_kernel(
     POINTS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    WORD_LOCATIONS: tl.constexpr,
     WIDEN_PTX: tl.constexpr,
 ):
     # One program: BLOCK_Q consecutive queries of one (batch, head) pair, all levels and points.
@@ -186,10 +185,8 @@ def _msda_fwd_bf16_m8_d32_l4_k4_kernel(
     q_mask = q < Q  # the last query block may be ragged
     row_mask = q_mask[:, None] & (d < BLOCK_D)[None, :]
 
-    # Per-program bases (64-bit, 64-bit, 64-bit, 64-bit and 64-bit arithmetic, proven in the header).
+    # Per-program bases (64-bit, 64-bit and 64-bit arithmetic, proven in the header).
     value_base = value_ptr + (S.to(tl.int64) * b * 256 + m * 32)
-    loc_base = sampling_locations_ptr + (Q.to(tl.int64) * b * 256 + m * 32 + q * 256)
-    weight_base = attention_weights_ptr + (Q.to(tl.int64) * b * 128 + m * 16 + q * 128)
     # Each query's runs of sampling parameters as 64-bit words (each level's run starts on a word:
     # proven in the header).
     loc_words_base = sampling_locations_ptr.to(tl.pointer_type(tl.int64)) + (
@@ -205,33 +202,21 @@ def _msda_fwd_bf16_m8_d32_l4_k4_kernel(
         height = tl.load(spatial_shapes_ptr + l * 2).to(tl.int32)
         width = tl.load(spatial_shapes_ptr + l * 2 + 1).to(tl.int32)
         level_start = tl.load(level_start_index_ptr + l).to(tl.int32)
-        if WORD_LOCATIONS:
-            # Level l's parameters of each query as 64-bit words, loaded once for its points:
-            # 2 of locations, 1 of weights (16-byte pairs, split in registers).
-            loc_words = tl.split(
-                tl.load(
-                    loc_words_base[:, None] + (l * 2 + tl.arange(0, 2)[None, :]),
-                    mask=q_mask[:, None],
-                    other=0,
-                )
+        # Level l's parameters of each query as 64-bit words, loaded once for its points:
+        # 2 of locations, 1 of weights (16-byte pairs, split in registers).
+        loc_words = tl.split(
+            tl.load(
+                loc_words_base[:, None] + (l * 2 + tl.arange(0, 2)[None, :]),
+                mask=q_mask[:, None],
+                other=0,
             )
-            weight_word = tl.load(weight_words_base + l, mask=q_mask, other=0)
+        )
+        weight_word = tl.load(weight_words_base + l, mask=q_mask, other=0)
         for k in tl.static_range(POINTS):
-            if WORD_LOCATIONS:
-                # Point k's location and weight: compile-time lanes of the level's words.
-                loc_x = _word_value(loc_words[k // 2], (k % 2) * 2)
-                loc_y = _word_value(loc_words[k // 2], (k % 2) * 2 + 1)
-                weight = _word_value(weight_word, k % 4)
-            else:
-                # Sampling parameters over the query block; x and y (adjacent in memory) as one
-                # (BLOCK_Q, 2) load, split in registers: half the L1 sectors of two loads.
-                loc_xy = tl.load(
-                    loc_base[:, None] + (k * 2 + l * 8 + tl.arange(0, 2)[None, :]),
-                    mask=q_mask[:, None],
-                    other=0.0,
-                )
-                loc_x, loc_y = tl.split(loc_xy.to(tl.float32))
-                weight = tl.load(weight_base + k + l * 4, mask=q_mask, other=0.0).to(tl.float32)
+            # Point k's location and weight: compile-time lanes of the level's words.
+            loc_x = _word_value(loc_words[k // 2], (k % 2) * 2)
+            loc_y = _word_value(loc_words[k // 2], (k % 2) * 2 + 1)
+            weight = _word_value(weight_word, k % 4)
             lx, ly, x0, y0, x0_in, x1_in, y0_in, y1_in = _bilinear_geometry(
                 loc_x, loc_y, height, width
             )
@@ -444,17 +429,14 @@ def _launch(rows, backward):
 
 def _launch_options(schedule, backward):
     """Triton's launch keywords for a schedule: the forward's (BLOCK_Q, num_warps, num_stages,
-    points per step, locations words), the backward's (BLOCK_Q, num_warps, num_stages, samples per
-    step, samples per loop trip)."""
+    points per step), the backward's (BLOCK_Q, num_warps, num_stages, samples per step, samples
+    per loop trip)."""
     block_q, num_warps, num_stages = schedule[:3]
     launch = dict(CONSTANTS, BLOCK_Q=block_q, num_warps=num_warps, num_stages=num_stages)
     if backward:
         launch["SAMPLE_STEP"] = schedule[3]  # the tile's samples: fewer for wider query blocks
         launch["SAMPLE_GROUP"] = schedule[4]  # the backward's sample loop differs by size class
     else:
-        launch["WORD_LOCATIONS"] = schedule[
-            4
-        ]  # the way it loads a sample's parameters differs by size class
         launch["WIDEN_PTX"] = WIDEN_PTX
     return launch
 
@@ -496,8 +478,7 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations, 
     if B == 0 or Q == 0:
         return output
     schedule = _size_class(B * Q)[2]
-    if schedule[4]:  # locations words
-        _check_word_alignment(sampling_locations, attention_weights)
+    _check_word_alignment(sampling_locations, attention_weights)
     grid = (triton.cdiv(Q, schedule[0]), B * HEADS, 1)
     _run(
         _msda_fwd_bf16_m8_d32_l4_k4_kernel,

@@ -3,7 +3,7 @@
 # spec sha256:      6be02c9ce210f796119f08fda33f46c9dd4ee9e4d04f53bb92baa40fdd1df5e2
 # templates sha256: 8163e73b48e033bb596a6758a54ef0c061195711a704bcc2264669d98d052804
 # toolchain sha256: b81e8f47d9cecdf21d07e0c2717e15d1467f18a8c7daa120d86d8d7c7e796be0 (needs torch>=2.11; triton>=3.6,<3.10)
-# tuning sha256:    6dcc7339e5777f40bd436c8fd64a5bcfdeeb8bab06b2002d8b05619a294a4806 (msda.tuning.json, beside the spec)
+# tuning sha256:    231cd00bc0149ca3e1871d74e855f631b7ebdfd06b4c509c04ef6d3f19c7b961 (msda.tuning.json, beside the spec)
 # Index widths, proven at the declared maxima (B <= 64, Q <= 2097152, S <= 2097152):
 #   value_base: int64: an intermediate reaches 67645735360 (2^36.0) >= 2^31 at the declared maxima
 #   loc_base: int64: an intermediate reaches 34359746272 (2^35.0) >= 2^31 at the declared maxima
