@@ -19,7 +19,7 @@ from kgen.ops.msda import Case
 from kgen.reference.msda import msda_forward_grid_sample
 from kgen.errors import SpecError
 from kgen.spec import load_spec
-from kgen.verify.msda import check_gradients, make_inputs
+from kgen.verify.msda import check_gradients, gradcheck_result, make_inputs
 
 SPEC = load_spec(ROOT / "specs" / "msda.yaml")
 SHIPPED_ACCUMULATION = "grad_accumulation: {decoder: native, encoder: fp32}"
@@ -40,17 +40,49 @@ def _leaves(case: Case, module, dtype: torch.dtype, seed: int):
     return x["spatial_shapes"], leaves
 
 
+def _gradcheck_case(module) -> Case:
+    return SMALL if module.LEVELS == 4 else Case(1, 5, ((3, 5), (2, 3), (1, 2), (2, 1), (2, 2)), (-0.2, 1.2), None)
+
+
 @pytest.mark.parametrize("shape", ["m8_d48_l4_k4", "m2_d128_l5_k8"])  # d32 float64: test_gradients_match_float64_reference
 def test_gradcheck_float64(shape):
+    """kgen's own gradcheck (kgen verify runs it for every float64 variant, on CPU and GPU)."""
     module = generated("f64", 0, shape)
-    case = SMALL if module.LEVELS == 4 else Case(1, 5, ((3, 5), (2, 3), (1, 2), (2, 1), (2, 2)), (-0.2, 1.2), None)
-    shapes, (value, loc, attn) = _leaves(case, module, torch.float64, seed=module.HEAD_DIM)
+    result = gradcheck_result(module, _gradcheck_case(module), "cpu", seed=module.HEAD_DIM)
+    assert result["ok"], result
 
-    def fn(value, loc, attn):
-        return module.msda_forward(value, shapes, None, loc, attn)
 
-    # fast_mode: one random direction per input (each interpreter launch takes seconds).
-    assert torch.autograd.gradcheck(fn, (value, loc, attn), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+def test_gradcheck_catches_a_backward_off_by_five_percent(monkeypatch):
+    """A planted bug: grad_locations scaled by 1.05 fails the finite-difference check. (On a
+    mismatch gradcheck rebuilds the full Jacobian for its message, hours under the interpreter:
+    that step is skipped here; the verdict comes before it.)"""
+    module = generated("f64", 48)
+    honest = module._backward_impl
+
+    def skewed(*args):
+        grad_value, grad_locations, grad_weights = honest(*args)
+        return grad_value, grad_locations * 1.05, grad_weights
+
+    monkeypatch.setattr(module, "_backward_impl", skewed)
+    monkeypatch.setattr(sys.modules["torch.autograd.gradcheck"], "_run_slow_mode_and_get_error", lambda *a, **k: "")
+    result = gradcheck_result(module, SMALL, "cpu", seed=48)
+    assert not result["ok"] and "Jacobian mismatch" in result["detail"] and "input 1" in result["detail"], result
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_verification_gradchecks_float64_variants_on_the_gpu(monkeypatch, device):
+    """check() adds a gradcheck result for float64 variants on the GPU (stubbed here, with the
+    other checks) and none for other dtypes or under the interpreter."""
+    import kgen.verify.msda as verify_msda
+
+    monkeypatch.setattr(verify_msda, "_forward_result", lambda *a, **k: {"case": "forward", "ok": True})
+    monkeypatch.setattr(verify_msda, "check_gradients", lambda *a, **k: [{"case": "gradients", "ok": True}])
+    monkeypatch.setattr(verify_msda, "gradcheck_result", lambda module, case, device: {"case": "gradcheck", "ok": True})
+    variants = {v.name: v for v in msda.variants(SPEC)}
+    for short in ("f64", "f32"):
+        module = generated(short, 32)
+        cases = verify_msda.check(module, SPEC, variants[f"msda_fwd_{short}_m8_d32_l4_k4"], device)
+        assert [c["case"] for c in cases].count("gradcheck") == (short == "f64" and device == "cuda")
 
 
 @pytest.mark.parametrize("short, head_dim", [("f32", 48), ("f16", 32), ("bf16", 48), ("f64", 32)])

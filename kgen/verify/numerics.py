@@ -63,7 +63,7 @@ def run_numerics(spec_path: str, modules: dict[str, Path], device: str, timeout:
                     + (f", worst at {c['worst']}" if not c["ok"] else "")
                     + (f" ({c['detail']})" if c.get("detail") else "")
                 )
-            else:
-                lines.append(f"FAIL {c['case']}: {c['detail']}")
+            else:  # a pass/fail check without an error size (a missing gradient, gradcheck)
+                lines.append(f"{'ok  ' if c['ok'] else 'FAIL'} {c['case']}: {c['detail']}")
         results.append(VariantResult(name, device, rec["ok"], tuple(lines)))
     return results
