@@ -40,15 +40,12 @@ def _leaves(case: Case, module, dtype: torch.dtype, seed: int):
     return x["spatial_shapes"], leaves
 
 
-def _gradcheck_case(module) -> Case:
-    return SMALL if module.LEVELS == 4 else Case(1, 5, ((3, 5), (2, 3), (1, 2), (2, 1), (2, 2)), (-0.2, 1.2), None)
-
-
-@pytest.mark.parametrize("shape", ["m8_d48_l4_k4", "m2_d128_l5_k8"])  # d32 float64: test_gradients_match_float64_reference
+@pytest.mark.parametrize("shape", ["m8_d32_l4_k4", "m8_d48_l4_k4", "m2_d128_l5_k8"])
 def test_gradcheck_float64(shape):
-    """kgen's own gradcheck (kgen verify runs it for every float64 variant, on CPU and GPU)."""
+    """kgen's gradcheck on exactly the inputs `kgen verify --device cuda` gives it (the first grad
+    case, its default seed), so a GPU failure cannot come from a sample at a bilinear kink."""
     module = generated("f64", 0, shape)
-    result = gradcheck_result(module, _gradcheck_case(module), "cpu", seed=module.HEAD_DIM)
+    result = gradcheck_result(module, SPEC.options.grad_cases[0].first_levels(module.LEVELS), "cpu")
     assert result["ok"], result
 
 
