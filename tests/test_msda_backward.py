@@ -42,8 +42,9 @@ def _leaves(case: Case, module, dtype: torch.dtype, seed: int):
 
 @pytest.mark.parametrize("shape", ["m8_d32_l4_k4", "m8_d48_l4_k4", "m2_d128_l5_k8"])
 def test_gradcheck_float64(shape):
-    """kgen's gradcheck on exactly the inputs `kgen verify --device cuda` gives it (the first grad
-    case, its default seed), so a GPU failure cannot come from a sample at a bilinear kink."""
+    """kgen's gradcheck on the inputs `kgen verify --device cuda` gives it (the first grad case,
+    its default seed): they pass here, so none of their samples sits at a bilinear kink under the
+    interpreter's arithmetic (the GPU's fp32 coordinates may round differently)."""
     module = generated("f64", 0, shape)
     result = gradcheck_result(module, SPEC.options.grad_cases[0].first_levels(module.LEVELS), "cpu")
     assert result["ok"], result

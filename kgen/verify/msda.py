@@ -86,12 +86,13 @@ def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
     cases = [c.first_levels(module.LEVELS) for c in cases]
     results = []
     grad_tol = opts.grad_tolerances[variant.values["dtype"]]
+    # The small gradient case: each other schedule's gradient check and the float64 gradcheck.
+    first_grad_case = (list(opts.grad_cases) or cases)[0].first_levels(module.LEVELS)
     for row in _other_schedules(module, cases):
         with _forced(module, row):
             tag = f"[{row[0]} schedule] "
             results.append(_forward_result(module, cases[0], dtype, device, tol, 1000, tag))
-            grad_case = (list(opts.grad_cases) or cases)[0].first_levels(module.LEVELS)
-            results += [dict(r, case=tag + r["case"]) for r in check_gradients(module, grad_case, dtype, device, grad_tol, seed=2000)]
+            results += [dict(r, case=tag + r["case"]) for r in check_gradients(module, first_grad_case, dtype, device, grad_tol, seed=2000)]
     for i, case in enumerate(cases):
         # Alternate between an explicit level_start_index and letting the wrapper derive it.
         results.append(_forward_result(module, case, dtype, device, tol, 1000 + i, explicit_start=i % 2 == 0))
@@ -103,7 +104,7 @@ def check(module, spec, variant, device: str) -> list[dict[str, Any]]:
     # whole Jacobian for its message, one forward per input element, which takes hours under the
     # interpreter (the CPU tests run it: tests/test_msda_backward.py).
     if dtype == torch.float64 and device == "cuda":
-        results.append(gradcheck_result(module, (list(opts.grad_cases) or cases)[0].first_levels(module.LEVELS), device))
+        results.append(gradcheck_result(module, first_grad_case, device))
     return results
 
 
