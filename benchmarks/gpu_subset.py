@@ -1,8 +1,9 @@
 """GPU validation of named variants without the drift stage, for short device sessions:
 `python benchmarks/gpu_subset.py SPEC VARIANT...` runs kgen's own numerics worker on the GPU and
-prints one line per variant as it finishes (failing cases in full), with the largest max abs
-error and, for TQ decode, the largest per-sequence relative rms error. Several of these can run
-side by side on disjoint variant lists. `kgen verify --device cuda --only GLOB` is the full check."""
+prints one line per variant as it finishes (failing cases in full, and what passing checks
+with no error size found, such as gradcheck), with the largest max abs error and, for TQ
+decode, the largest per-sequence relative rms error. Several of these can run side by side on
+disjoint variant lists. `kgen verify --device cuda --only GLOB` is the full check."""
 
 import json
 import re
@@ -29,6 +30,8 @@ for line in worker.stdout:
     for c in cases:
         if not c["ok"]:
             print("   ", c["case"], {k: c.get(k) for k in ("max_abs", "max_rel", "worst", "detail")}, flush=True)
+        elif c.get("max_abs") is None:  # a passing check with no error size (gradcheck) says what it found
+            print("    ok", c["case"], c.get("detail", ""), flush=True)
     if "error" in record:
         print("   ", record["error"], flush=True)
 sys.exit(worker.wait())
